@@ -1,0 +1,21 @@
+"""AR decoding as a drafter: it drafts nothing, so every round verifies the root alone."""
+
+from __future__ import annotations
+
+from ddtree.types import Draft, TargetOutput, Verification
+
+
+class NullDrafter:
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, vocab_size: int = 1) -> None:
+        self.vocab_size = vocab_size
+
+    def reset(self, prompt: TargetOutput) -> None:
+        self.vocab_size = prompt.logits.shape[-1]
+
+    def draft(self, root_token: int) -> Draft:
+        return Draft.empty(self.vocab_size)
+
+    def accept(self, verification: Verification, context: TargetOutput) -> None:
+        pass

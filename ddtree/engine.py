@@ -1,0 +1,145 @@
+"""The one decoding loop. AR, MTP, DFlash and DDTree are choices of its four parts.
+
+    state: committed tokens, the bonus token b (sampled by the target, not yet fed to it),
+           the target's cache and the drafter's own state.
+
+    1. draft    Drafter.draft(b)                -> Draft    q_1..q_L              [L, vocab]
+    2. tree     TreeBuilder.build(draft, b)     -> Tree     node 0 = b
+    3. layout   MaskCompiler.compile(tree, len) -> VerifyInputs
+    4. verify   Target.forward_tree + Verifier  -> accepted path, next bonus
+    5. commit   keep only the accepted path in every cache
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ddtree.interfaces import Drafter, MaskCompiler, Target, TreeBuilder, Verifier
+from ddtree.metrics.timer import StageTimer
+from ddtree.types import Draft, GenerationResult, Tree, Verification
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round, kept when ``generate(record=True)``: enough to draw the tree afterwards."""
+
+    draft: Draft
+    tree: Tree
+    verification: Verification
+
+
+class SpeculativeEngine:
+    """Runs the round loop for one configuration of parts.
+
+    >>> engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder(),
+    ...                            DenseMaskCompiler(), GreedyVerifier())     # doctest: +SKIP
+    >>> engine.generate(prompt_ids, max_new_tokens=64).tokens                 # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter,
+        tree_builder: TreeBuilder,
+        mask_compiler: MaskCompiler,
+        verifier: Verifier,
+        stop_token_ids: Sequence[int] = (),
+        timer_sync: bool | None = None,
+    ) -> None:
+        self.target, self.drafter = target, drafter
+        self.tree_builder, self.mask_compiler, self.verifier = tree_builder, mask_compiler, verifier
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
+        self.timer_sync = timer_sync
+        target.set_taps(drafter.hidden_layers)
+        mask_compiler.to(target.input_device, target.dtype)
+
+    def _check(self, input_ids: Tensor | Sequence[int], max_new_tokens: int) -> Tensor:
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.ndim == 2:
+            if ids.shape[0] != 1:
+                raise ValueError(
+                    f"batch size {ids.shape[0]} is not supported yet: pass one prompt at a time "
+                    "(input_ids of shape [T] or [1, T])"
+                )
+            ids = ids[0]
+        if ids.ndim != 1 or ids.numel() == 0:
+            raise ValueError(f"input_ids must be a non-empty [T] or [1, T] sequence, got shape {tuple(ids.shape)}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if ids.numel() + max_new_tokens > self.target.max_length:
+            raise ValueError(
+                f"the prompt has {ids.numel()} tokens and max_new_tokens is {max_new_tokens}: together "
+                f"longer than the target's context of {self.target.max_length} tokens; shorten the "
+                "prompt or lower max_new_tokens"
+            )
+        if int(ids.max()) >= self.target.vocab_size or int(ids.min()) < 0:
+            raise ValueError(f"input_ids hold ids outside the target's vocabulary [0, {self.target.vocab_size})")
+        return ids
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: Tensor | Sequence[int],
+        max_new_tokens: int = 256,
+        seed: int = 0,
+        record: bool = False,
+    ) -> GenerationResult:
+        """Decode one prompt. Tokens stop after the first stop token or ``max_new_tokens``."""
+        ids = self._check(input_ids, max_new_tokens)
+        target, drafter, timer = self.target, self.drafter, StageTimer(self.timer_sync)
+        generator = torch.Generator(device=target.output_device).manual_seed(seed)
+
+        # Prefill, and the first token by the target's own rule (a root-only verify).
+        start = timer.now()
+        prompt = target.prefill(ids)
+        bonus = self.verifier.verify(Tree.root(int(ids[-1])), prompt.logits[-1:], generator).bonus
+        time_to_first_token = timer.now() - start
+        drafter.reset(prompt)  # the draft prefill is not decode time, as in the papers
+        decode_start = timer.now()
+
+        tokens, lengths, rounds = [bonus], [], []
+        stopped = bonus in self.stop_token_ids
+        while not stopped and len(tokens) < max_new_tokens:
+            # 1. draft (never deeper than the tokens still wanted)
+            with timer.stage("draft"):
+                draft = drafter.draft(bonus).truncate(max_new_tokens - len(tokens) - 1)
+            # 2. tree
+            with timer.stage("tree"):
+                tree = self.tree_builder.build(draft, bonus)
+            # 3. layout
+            with timer.stage("layout"):
+                inputs = self.mask_compiler.compile(tree, target.past_length)
+            # 4. verify
+            with timer.stage("verify"):
+                out = target.forward_tree(inputs)
+                verification = self.verifier.verify(tree, out.logits, generator)
+            # 5. commit
+            with timer.stage("commit"):
+                target.commit(verification.path)
+                drafter.accept(verification, out)
+
+            new = [*verification.tokens[1:], verification.bonus]
+            for i, token in enumerate(new):
+                if token in self.stop_token_ids:
+                    new, stopped = new[: i + 1], True
+                    break
+            tokens += new
+            lengths.append(len(new))
+            bonus = verification.bonus
+            if record:
+                rounds.append(RoundRecord(draft, tree, verification))
+
+        decode_time = timer.now() - decode_start
+        return GenerationResult(
+            tokens=tokens,
+            acceptance_lengths=lengths,
+            stage_times=timer.result(),
+            time_to_first_token=time_to_first_token,
+            decode_time=decode_time,
+            stopped_by="stop_token" if stopped else "max_new_tokens",
+            rounds=rounds,
+        )

@@ -1,0 +1,6 @@
+"""Timing and acceptance statistics."""
+
+from ddtree.metrics.acceptance import mean_of_means, pooled_histogram
+from ddtree.metrics.timer import StageTimer
+
+__all__ = ["StageTimer", "mean_of_means", "pooled_histogram"]

@@ -1,0 +1,85 @@
+"""T = 0: every strategy returns exactly the target's own greedy tokens.
+
+Two drafters cover two risks: a random-weight DFlash drafter exercises the real module and its
+cache (acceptance is low), and an oracle drafter with deliberate mistakes makes multi-token
+acceptances and sibling hits happen, so the commit path is exercised for real.
+"""
+
+import pytest
+import torch
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models import HFTarget
+from ddtree.testing import tiny_dflash
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.verifiers import GreedyVerifier
+
+NEW_TOKENS = 64
+PROMPT_LENGTHS = (1, 7, 23)
+ORACLE_BUDGETS = (1, 2, 7, 16, 64, 256)
+
+
+def _prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 90, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy_reference(model, prompt, new_tokens=NEW_TOKENS, eos=None):
+    out = model.generate(prompt[None], max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, prompt.numel():].tolist()
+
+
+def _strategies(model, target):
+    dflash = tiny_dflash(model)
+    yield "ar", NullDrafter(), ChainTreeBuilder()
+    yield "dflash-random", DFlashDrafter(dflash, target), ChainTreeBuilder()
+    for budget in (16, 256):
+        yield f"ddtree{budget}-random", DFlashDrafter(dflash, target), BestFirstTreeBuilder(budget)
+    yield "dflash-oracle", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), ChainTreeBuilder()
+    for budget in ORACLE_BUDGETS:
+        yield f"ddtree{budget}-oracle", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(budget)
+
+
+@pytest.mark.parametrize("length", PROMPT_LENGTHS)
+def test_every_strategy_equals_target_greedy(tiny_models, family, length):
+    model = tiny_models[family]
+    prompt = _prompt(length, seed=length)
+    expected = _greedy_reference(model, prompt)
+    target = HFTarget(model)
+    taus = {}
+    for name, drafter, tree in _strategies(model, target):
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        result = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == expected, f"{family} {name}: differs from greedy"
+        assert sum(result.acceptance_lengths) + 1 == NEW_TOKENS  # the first token comes from prefill
+        taus[name] = result.mean_acceptance
+    assert taus["ar"] == 1.0
+    for name, tau in taus.items():
+        if name.endswith("oracle") and name not in ("ddtree1-oracle", "ddtree2-oracle"):
+            assert tau > 1.5, f"{name}: tau {tau:.2f}, the test needs real multi-token acceptances"
+    # A tree with siblings recovers from the oracle's swapped tokens where the chain cannot.
+    assert taus["ddtree64-oracle"] > taus["dflash-oracle"]
+
+
+def test_stop_token_ends_like_generate(tiny_models, family):
+    model = tiny_models[family]
+    prompt = _prompt(5, seed=11)
+    free = _greedy_reference(model, prompt)
+    eos = free[20]  # a token the greedy text really produces
+    expected = _greedy_reference(model, prompt, eos=eos)
+    assert expected[-1] == eos and len(expected) < NEW_TOKENS
+    target = HFTarget(model)
+    for drafter, tree in [(NullDrafter(), ChainTreeBuilder()), (OracleDrafter(model, depth=7), BestFirstTreeBuilder(32))]:
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier(), stop_token_ids=[eos])
+        result = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == expected and result.stopped_by == "stop_token"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 9])
+def test_max_new_tokens_is_exact(tiny_models, max_new):
+    model = tiny_models["qwen3"]
+    prompt = _prompt(6, seed=3)
+    target = HFTarget(model)
+    engine = SpeculativeEngine(target, OracleDrafter(model, depth=7), BestFirstTreeBuilder(16), DenseMaskCompiler(), GreedyVerifier())
+    assert engine.generate(prompt, max_new_tokens=max_new).tokens == _greedy_reference(model, prompt, max_new)

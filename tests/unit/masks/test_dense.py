@@ -1,0 +1,61 @@
+"""Literal masks for hand-drawn trees."""
+
+import torch
+
+from ddtree.masks import DenseMaskCompiler
+from ddtree.types import Tree
+
+NEG = torch.finfo(torch.float32).min
+
+
+def _tree(tokens, parents):
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return Tree(t(tokens), t(parents), t(depths), torch.zeros(len(tokens)))
+
+
+def test_branching_tree_mask_and_positions():
+    #      0
+    #     / \
+    #    1   2
+    #   / \
+    #  3   4
+    tree = _tree([10, 11, 12, 13, 14], [-1, 0, 0, 1, 1])
+    out = DenseMaskCompiler().compile(tree, past_length=2)
+    visible = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 1, 0, 0],
+            [1, 1, 1, 1, 0, 1, 0],
+            [1, 1, 1, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
+    expected = torch.where(visible, 0.0, NEG)
+    assert out.attention_mask.shape == (1, 1, 5, 7)
+    assert torch.equal(out.attention_mask[0, 0], expected)
+    assert out.position_ids.tolist() == [[2, 3, 3, 4, 4]]
+    assert out.input_ids.tolist() == [[10, 11, 12, 13, 14]]
+
+
+def test_chain_mask_is_causal():
+    tree = _tree([1, 2, 3], [-1, 0, 1])
+    out = DenseMaskCompiler().compile(tree, past_length=0)
+    assert torch.equal(out.attention_mask[0, 0] == 0, torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+
+
+def test_buffer_is_reused_and_rows_are_refreshed():
+    comp = DenseMaskCompiler()
+    big = comp.compile(_tree([1, 2, 3, 4], [-1, 0, 0, 0]), past_length=5).attention_mask
+    small = comp.compile(_tree([1, 2], [-1, 0]), past_length=3).attention_mask
+    assert small.untyped_storage().data_ptr() == big.untyped_storage().data_ptr()
+    assert torch.equal(small[0, 0], torch.tensor([[0, 0, 0, 0, NEG], [0, 0, 0, 0, 0]]))
+
+
+def test_dtype_and_device_binding():
+    comp = DenseMaskCompiler().to("cpu", torch.bfloat16)
+    mask = comp.compile(_tree([1, 2], [-1, 0]), past_length=1).attention_mask
+    assert mask.dtype == torch.bfloat16 and mask[0, 0, 0, 2] == torch.finfo(torch.bfloat16).min
