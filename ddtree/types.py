@@ -71,9 +71,11 @@ class Tree:
         """``a[i, j]`` is True when j is i or an ancestor of i (row i = row parent(i) | e_i)."""
         n = self.size
         anc = torch.eye(n, dtype=torch.bool)
-        parents = self.parents.tolist()
-        for i in range(1, n):
-            anc[i] |= anc[parents[i]]
+        rows, node = torch.arange(n), torch.arange(n)
+        # Climb one level per step for every node at once: depth steps, not n Python iterations.
+        for _ in range(int(self.depths.max())):
+            node = torch.where(node > 0, self.parents[node].clamp(min=0), node)
+            anc[rows, node] = True
         return anc
 
     def path_to(self, node: int) -> list[int]:

@@ -1,0 +1,143 @@
+"""Tree verification of a transformers ``Qwen3_5GatedDeltaNet`` layer, without touching its cache.
+
+``gdn_tree_forward`` runs the layer's own per-token modules (projections, gated norm,
+``out_proj``) and replaces the two sequence-mixing steps by their tree forms from
+``gdn_tree``. It returns the layer output for every node plus a ``GDNTreeVerify`` stash;
+``commit_gdn_path`` turns the stash and the accepted path into the new layer state, which
+``write_gdn_state`` copies into the cache. The projections are never re-run.
+
+Cache layout (identical in transformers 5.17 and 5.24, ``LinearAttentionLayer``):
+``layer.conv_states[0]`` ``[B, C, K]`` in the model dtype (more than K columns while
+``record_past`` is on, fewer after a short prefill in that mode), ``layer.recurrent_states[0]``
+``[B, H, dk, dv]`` float32, ``layer.has_previous_state[0]``. The Cache-level getters differ
+between the two versions, so the layer attributes are read directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ddtree.models.gdn_tree import (
+    DeltaTreeResult,
+    commit_conv_window,
+    commit_delta_state,
+    solve_tree_delta_rule,
+    tree_causal_conv1d,
+)
+
+
+@dataclass(frozen=True)
+class GDNState:
+    """One GDN layer's committed state for a single sequence."""
+
+    conv_window: Tensor  # [C, K] last K conv inputs, oldest first, model dtype
+    recurrent_state: Tensor  # [H, dk, dv] float32 (float64 in float64 tests)
+
+
+@dataclass(frozen=True)
+class GDNTreeVerify:
+    """What a no-commit tree pass through one GDN layer keeps for the commit."""
+
+    conv_inputs: Tensor  # [n, C] pre-conv in_proj_qkv outputs
+    conv_window: Tensor  # [C, K] the window the pass started from
+    delta: DeltaTreeResult
+
+
+def read_gdn_state(cache, layer_idx: int, kernel_size: int) -> GDNState | None:
+    """The committed state of GDN layer ``layer_idx`` (batch row 0), or None before any forward.
+
+    The window is returned as exactly K columns: in ``record_past`` mode transformers keeps all
+    recent columns (or, after a prefill shorter than K, fewer than K without padding).
+    """
+    layer = cache.layers[layer_idx]
+    if not layer.has_previous_state[0]:
+        return None
+    window = layer.conv_states[0][0, :, -kernel_size:]  # [C, <=K]
+    if window.shape[-1] < kernel_size:
+        window = F.pad(window, (kernel_size - window.shape[-1], 0))
+    return GDNState(conv_window=window, recurrent_state=layer.recurrent_states[0][0])
+
+
+def write_gdn_state(cache, layer_idx: int, state: GDNState) -> None:
+    """Store ``state`` as the committed state of GDN layer ``layer_idx`` (batch size 1).
+
+    Copies in place where the shapes allow, which keeps the static addresses transformers marks
+    for CUDA graphs; the recurrent buffer stays float32 whatever ``state`` holds.
+    """
+    layer = cache.layers[layer_idx]
+    window = state.conv_window[None]  # [1, C, K]
+    recurrent = state.recurrent_state[None]  # [1, H, dk, dv]
+    if layer.conv_states[0] is None:
+        layer.lazy_initialization(conv_states=window, conv_kernel_size=window.shape[-1])
+    if layer.recurrent_states[0] is None:
+        layer.lazy_initialization(recurrent_states=recurrent.float())
+    conv = layer.conv_states[0]
+    if conv.shape == window.shape:
+        conv.copy_(window)
+    else:  # record_past mode grew the window: assign, as transformers itself does there
+        layer.conv_states[0] = window.to(conv.dtype).clone()
+    layer.recurrent_states[0].copy_(recurrent)
+    layer.has_previous_state[0] = True
+
+
+def gdn_tree_forward(
+    module: nn.Module,
+    hidden_states: Tensor,  # [1, n, D] input of linear_attn (after input_layernorm)
+    parents: Tensor,  # [n] long, parents[i] < i, -1 for the root
+    state: GDNState | None,  # committed state; None for an empty prefix
+) -> tuple[Tensor, GDNTreeVerify]:  # [1, n, D]
+    """Output of a ``Qwen3_5GatedDeltaNet`` for every tree node, each seeing only its root path.
+
+    Node i's output equals the layer's output for the last token when the root->i path is
+    fed after the committed prefix. The cache is not read or written here; pass the state from
+    ``read_gdn_state``. Mirrors the layer's dtype handling: beta = sigmoid in the model dtype,
+    g and the delta rule in at least float32, the core output cast back before the gated norm.
+    """
+    if hidden_states.shape[0] != 1:
+        raise ValueError(f"tree verification is per sequence, got batch {hidden_states.shape[0]}")
+    if module.activation != "silu":
+        raise ValueError(f"the GDN conv applies {module.activation!r}; only 'silu' is supported")
+    n = hidden_states.shape[1]
+    dtype = hidden_states.dtype
+    h, dk, dv = module.num_v_heads, module.head_k_dim, module.head_v_dim
+    weight = module.conv1d.weight[:, 0, :]  # [C, K]
+    if state is None:
+        window = torch.zeros_like(weight)
+        initial = None
+    else:
+        window, initial = state.conv_window, state.recurrent_state
+
+    x = module.in_proj_qkv(hidden_states)[0]  # [n, C]
+    z = module.in_proj_z(hidden_states)[0].reshape(n, h, dv)
+    beta = module.in_proj_b(hidden_states)[0].sigmoid()  # [n, H]
+    a = module.in_proj_a(hidden_states)[0]  # [n, H]
+    compute = torch.promote_types(a.dtype, torch.float32)
+    g = -module.A_log.to(compute).exp() * F.softplus(a.to(compute) + module.dt_bias)  # [n, H]
+
+    mixed = tree_causal_conv1d(x, parents, window, weight, module.conv1d.bias)  # [n, C]
+    q, k, v = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    delta = solve_tree_delta_rule(
+        q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, h, dv), g, beta, parents, initial
+    )
+    core = module.norm(delta.out.to(dtype).reshape(-1, dv), z.reshape(-1, dv))  # [n * H, dv]
+    out = module.out_proj(core.reshape(1, n, h * dv))
+    return out, GDNTreeVerify(conv_inputs=x, conv_window=window, delta=delta)
+
+
+def commit_gdn_path(
+    verify: GDNTreeVerify,
+    path: Tensor | Sequence[int],  # accepted node indices, root first, e.g. [0, 3, 7]
+) -> GDNState:
+    """The layer state a sequential forward over the path's tokens would leave.
+
+    ``path`` must be the root path of its last node (each entry the parent of the next).
+    """
+    return GDNState(
+        conv_window=commit_conv_window(verify.conv_inputs, verify.conv_window, path),
+        recurrent_state=commit_delta_state(verify.delta, path),
+    )
