@@ -101,7 +101,7 @@ class SpeculativeEngine:
         drafter.reset(prompt)  # the draft prefill is not decode time, as in the papers
         decode_start = timer.now()
 
-        tokens, lengths, rounds = [bonus], [], []
+        tokens, lengths, rounds, round_ends = [bonus], [], [], []
         stopped = bonus in self.stop_token_ids
         while not stopped and len(tokens) < max_new_tokens:
             # 1. draft (never deeper than the tokens still wanted)
@@ -130,6 +130,7 @@ class SpeculativeEngine:
             tokens += new
             lengths.append(len(new))
             bonus = verification.bonus
+            round_ends.append(timer.now() - decode_start)
             if record:
                 rounds.append(RoundRecord(draft, tree, verification))
 
@@ -141,5 +142,6 @@ class SpeculativeEngine:
             time_to_first_token=time_to_first_token,
             decode_time=decode_time,
             stopped_by="stop_token" if stopped else "max_new_tokens",
+            round_ends=round_ends,
             rounds=rounds,
         )

@@ -148,6 +148,7 @@ class GenerationResult:
     time_to_first_token: float  # prefill + first target token, seconds
     decode_time: float  # excludes prefill and the drafter's first call over the prompt
     stopped_by: str = "max_new_tokens"  # "stop_token" or "max_new_tokens"
+    round_ends: list[float] = field(default_factory=list)  # seconds from decode start to each round's end
     rounds: list[object] = field(default_factory=list)  # recorded rounds, when asked for
 
     @property

@@ -1,0 +1,137 @@
+"""A target with a preallocated KV cache and, on CUDA, one captured graph per verify size.
+
+Eager Transformers is launch-bound at batch 1; a DDTree round always verifies 1 + B tokens, so
+the verify forward has a static shape per budget and can be replayed from a CUDA graph.
+
+A transformers ``StaticLayer`` writes at its own running length (a device counter it advances
+in place, also inside a graph), never at a position passed in. So a verify of n tokens at
+committed length P writes rows P..P+n-1; the commit then moves the accepted rows to P..P+a-1
+and sets every counter to P + a. Keys beyond the committed length hold stale rows, which the
+mask hides: the mask spans the whole cache, ``[1, 1, n, max_length]``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from ddtree.models.target import HFTarget
+from ddtree.types import TargetOutput, VerifyInputs
+
+
+class StaticTarget(HFTarget):
+    """``HFTarget`` over a ``StaticCache`` of ``max_length`` rows, optionally CUDA-graphed.
+
+    ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device.
+
+    >>> target = StaticTarget(model, max_length=4096)     # doctest: +SKIP
+    """
+
+    def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None) -> None:
+        super().__init__(model, max_length=max_length)
+        devices = {p.device for p in model.parameters()}
+        one_cuda = len(devices) == 1 and next(iter(devices)).type == "cuda"
+        if cuda_graphs and not one_cuda:
+            raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
+        self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
+        self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
+        self._masks: dict[int, Tensor] = {}  # n -> [1, 1, n, max_length] full-width mask buffer
+        self._graphs: dict[int, tuple] = {}  # n -> (graph, ids, positions, logits, taps)
+        self._counters: list[Tensor] = []
+
+    def set_taps(self, layers: Sequence[int]) -> None:
+        if tuple(layers) != self._taps:
+            self._graphs.clear()  # a graph replays the taps it was recorded with
+        super().set_taps(layers)
+
+    def new_cache(self) -> StaticCache:
+        # The buffers are reused across prompts (graphs hold their addresses): reset, not rebuild.
+        self.cache.reset()
+        return self.cache
+
+    def _check_cache(self) -> None:
+        for i, layer in enumerate(self.cache.layers):
+            if type(layer) is not StaticLayer:
+                raise NotImplementedError(
+                    f"cache layer {i} is a {type(layer).__name__}: StaticTarget handles full attention only "
+                    "(no sliding windows, no recurrent layers)"
+                )
+        self._counters = [layer.cumulative_length for layer in self.cache.layers]
+
+    def prefill(self, input_ids: Tensor) -> TargetOutput:
+        ids = input_ids.reshape(1, -1)
+        self.new_cache()
+        self.past_length = 0
+        mask = self._full_mask(ids.shape[1], torch.tril(torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool)), 0)
+        out = self._forward(ids, torch.arange(ids.shape[1])[None], mask.clone(), logits_to_keep=1)
+        self._check_cache()
+        self.past_length = ids.shape[1]
+        return out
+
+    def _full_mask(self, n: int, visible_tree, past: int) -> Tensor:
+        """A ``[1, 1, n, max_length]`` additive mask: prefix visible, tree part as given, rest hidden."""
+        buf = self._masks.get(n)
+        if buf is None:
+            buf = self._masks[n] = torch.empty(1, 1, n, self.max_length, dtype=self.dtype, device=self.input_device)
+        low = torch.finfo(self.dtype).min
+        buf[..., :past] = 0
+        if isinstance(visible_tree, Tensor) and visible_tree.dtype == torch.bool:
+            buf[0, 0, :, past : past + n] = torch.where(visible_tree.to(buf.device), 0.0, low).to(self.dtype)
+        else:  # an additive [1, 1, n, past + n] mask from a MaskCompiler
+            buf[..., past : past + n] = visible_tree[..., past : past + n]
+        buf[..., past + n :] = low
+        return buf
+
+    def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
+        n, past = inputs.input_ids.shape[1], inputs.past_length
+        if past + n > self.max_length:
+            raise ValueError(f"verify of {n} tokens after {past} exceeds the static cache of {self.max_length} rows")
+        mask = self._full_mask(n, inputs.attention_mask, past)
+        if not self.cuda_graphs:
+            return self._forward(inputs.input_ids, inputs.position_ids, mask, logits_to_keep=0)
+        if n not in self._graphs:
+            self._graphs[n] = self._record_graph(n, mask)
+        graph, ids, positions, logits, taps = self._graphs[n]
+        ids.copy_(inputs.input_ids, non_blocking=True)
+        positions.copy_(inputs.position_ids, non_blocking=True)
+        graph.replay()
+        return TargetOutput(tokens=inputs.input_ids[0], logits=logits, taps=taps)
+
+    def _record_graph(self, n: int, mask: Tensor) -> tuple:
+        """Record one verify of n tokens. Warm-up runs write rows past the committed length only,
+        and every counter is set back afterwards, so capturing never disturbs the sequence."""
+        ids = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
+        positions = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
+        start = self.past_length
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(ids, positions, mask, logits_to_keep=0)
+                self._set_counters(start)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._forward(ids, positions, mask, logits_to_keep=0)
+        self._set_counters(start)
+        return graph, ids, positions, out.logits, out.taps
+
+    def _set_counters(self, length: int) -> None:
+        for counter in self._counters:
+            counter.fill_(length)
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Move the accepted rows to P..P+a-1 in place and set the write counters to P + a."""
+        past, a = self.past_length, len(path)
+        src = past + torch.as_tensor(path, dtype=torch.long)
+        if list(path) != list(range(a)):  # a pure prefix is already in place
+            for layer in self.cache.layers:
+                idx = src.to(layer.keys.device, non_blocking=True)
+                layer.keys[:, :, past : past + a] = layer.keys.index_select(2, idx)
+                layer.values[:, :, past : past + a] = layer.values.index_select(2, idx)
+        self._set_counters(past + a)
+        self.past_length = past + a

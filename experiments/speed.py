@@ -1,0 +1,119 @@
+"""What one round costs on the GPU, per strategy and budget, eager and fast.
+
+    python experiments/speed.py                                # Qwen3-8B geometry, random weights
+    python experiments/speed.py geometry=qwen3-4b budgets=[16,64] rounds=16
+
+Every strategy runs through the same engine; AR is the engine with the null drafter. For each
+configuration: the mean round time (no per-stage synchronisation), the per-stage breakdown
+(a second run that synchronises at every stage boundary), the memory peak, and the tokens/s and
+speedup that a tau table implies (tau x t_AR / t_round; default: the paper's Qwen3-8B MATH-500
+T=0 figures). A greedy check compares the fast path's tokens with plain eager AR in bf16.
+Random weights: acceptance is meaningless here, costs are real.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import DFlashDrafter, NullDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models import HFTarget
+from ddtree.models.geometry import random_dflash_for, random_qwen3
+from ddtree.models.static_target import StaticTarget
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.verifiers import GreedyVerifier
+
+
+def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: int) -> dict:
+    """Mean time of the first ``rounds`` rounds. The run goes ``tail`` tokens further, so those
+    rounds have full-size drafts (near max_new_tokens drafts are cut, and shapes change)."""
+    engine.timer_sync = False
+    engine.generate(prompt, max_new_tokens=rounds + tail)  # warm-up: kernels, every graph size
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    result = engine.generate(prompt, max_new_tokens=rounds + tail)
+    timed = min(rounds, len(result.round_ends))
+    peak = torch.cuda.max_memory_allocated() - base
+    engine.timer_sync = True
+    staged = engine.generate(prompt, max_new_tokens=rounds + tail)
+    stages = {k: 1e3 * v / max(len(staged.acceptance_lengths), 1) for k, v in vars(staged.stage_times).items()}
+    return {"round_ms": 1e3 * result.round_ends[timed - 1] / timed, "rounds": timed, "stages_ms": stages,
+            "peak_extra_mib": peak / 2**20, "tokens": result.tokens}
+
+
+def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model):
+    yield "AR", "eager", eager, NullDrafter(), ChainTreeBuilder()
+    yield "AR", "fast", fast, NullDrafter(), ChainTreeBuilder()
+    for path, target in (("eager", eager), ("fast", fast)):
+        yield "DFlash", path, target, DFlashDrafter(dflash_model, target, cfg.block_size), ChainTreeBuilder()
+        for budget in cfg.budgets:
+            yield f"DDTree-{budget}", path, target, DFlashDrafter(dflash_model, target, cfg.block_size), BestFirstTreeBuilder(int(budget))
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def _table(rows: list[dict], tau: dict, ar: dict) -> str:
+    lines = ["| strategy | path | round ms | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s, t = r["stages_ms"], tau.get(r["strategy"], 1.0)
+        lines.append(
+            f"| {r['strategy']} | {r['path']} | {r['round_ms']:.2f} | {s['draft']:.2f} | {s['tree']:.2f} | "
+            f"{s['layout']:.2f} | {s['verify']:.2f} | {s['commit']:.2f} | {r['peak_extra_mib']:.0f} | {t:.2f} | "
+            f"{1e3 * t / r['round_ms']:.0f} | {t * ar['eager'] / r['round_ms']:.2f} | {t * ar['fast'] / r['round_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../configs", config_name="speed", version_base=None)
+def main(cfg: DictConfig) -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("experiments/speed.py measures GPU costs: no CUDA device is visible")
+    torch.manual_seed(cfg.seed)
+    start = time.perf_counter()
+    model = random_qwen3(cfg.geometry)
+    dflash_model = random_dflash_for(model, block_size=cfg.block_size)
+    print(f"built {cfg.geometry} + drafter in {time.perf_counter() - start:.1f}s", flush=True)
+    eager = HFTarget(model)
+    fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs)
+    prompt = torch.randint(0, model.config.vocab_size - 1, (cfg.prompt_length,))
+
+    rows = []
+    for name, path, target, drafter, tree in _strategies(cfg, eager, fast, dflash_model):
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        try:
+            row = {"strategy": name, "path": path, **_time(engine, prompt, cfg.rounds, cfg.block_size)}
+        except Exception as err:  # one failing path must not cost the whole table
+            print(f"{name} {path}: FAILED {type(err).__name__}: {err}", flush=True)
+            continue
+        rows.append(row)
+        print(f"{name:12s} {path:5s} {row['round_ms']:8.2f} ms/round", flush=True)
+
+    reference = next(r["tokens"] for r in rows if r["strategy"] == "AR" and r["path"] == "eager")
+    checks = {f"{r['strategy']}/{r['path']}": _first_divergence(reference, r["tokens"]) for r in rows}
+    ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "AR"}
+    tau = dict(OmegaConf.to_container(cfg.tau))
+    table = _table(rows, tau, ar)
+    print("\nfirst divergence from eager AR greedy (None = identical):", json.dumps(checks))
+    print(f"\n{cfg.geometry}, prompt {cfg.prompt_length}, {cfg.rounds} rounds, bf16, {torch.cuda.get_device_name()}\n")
+    print(table)
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        r.pop("tokens")
+    out.write_text(json.dumps({"config": OmegaConf.to_container(cfg), "rows": rows, "divergence": checks,
+                               "table": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

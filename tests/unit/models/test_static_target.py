@@ -1,0 +1,44 @@
+"""The static-cache target (the fast path's cache) is as exact as the dynamic one."""
+
+import torch
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import NullDrafter, OracleDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models import HFTarget
+from ddtree.models.static_target import StaticTarget
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.types import Draft
+from ddtree.verifiers import GreedyVerifier
+
+
+def test_greedy_identity_with_a_static_cache(tiny_models, family):
+    model = tiny_models[family]
+    prompt = torch.arange(4, 17)
+    expected = model.generate(prompt[None], max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 13:]
+    target = StaticTarget(model, max_length=256, cuda_graphs=False)
+    for drafter, tree in [(NullDrafter(), ChainTreeBuilder()),
+                          (OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(32))]:
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        for _ in range(2):  # the second prompt reuses the reset buffers
+            assert engine.generate(prompt, max_new_tokens=48).tokens == expected.tolist()
+
+
+def test_static_commit_matches_dynamic_commit(tiny_models):
+    model = tiny_models["qwen3"]
+    static, dynamic = StaticTarget(model, max_length=64, cuda_graphs=False), HFTarget(model)
+    prompt = torch.arange(2, 12)
+    for t in (static, dynamic):
+        t.prefill(prompt)
+    draft = Draft(torch.log_softmax(torch.randn(4, 96, generator=torch.Generator().manual_seed(0)), -1))
+    tree = BestFirstTreeBuilder(10).build(draft, root_token=7)
+    path = tree.path_to(tree.size - 1)
+    outs = []
+    for t in (static, dynamic):
+        outs.append(t.forward_tree(DenseMaskCompiler().compile(tree, t.past_length)).logits)
+        t.commit(path)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    length = prompt.numel() + len(path)
+    for s_layer, d_layer in zip(static.cache.layers, dynamic.cache.layers):
+        torch.testing.assert_close(s_layer.keys[:, :, :length], d_layer.keys, atol=1e-5, rtol=1e-5)
+        assert int(s_layer.cumulative_length) == length
