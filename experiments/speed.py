@@ -53,9 +53,12 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     yield "AR", "eager", eager, NullDrafter(), ChainTreeBuilder()
     yield "AR", "fast", fast, NullDrafter(), ChainTreeBuilder()
     for path, target in (("eager", eager), ("fast", fast)):
-        yield "DFlash", path, target, DFlashDrafter(dflash_model, target, cfg.block_size), ChainTreeBuilder()
+        def drafter():
+            return DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length,
+                                 cuda_graphs=path == "fast" and cfg.cuda_graphs)
+        yield "DFlash", path, target, drafter(), ChainTreeBuilder()
         for budget in cfg.budgets:
-            yield f"DDTree-{budget}", path, target, DFlashDrafter(dflash_model, target, cfg.block_size), BestFirstTreeBuilder(int(budget))
+            yield f"DDTree-{budget}", path, target, drafter(), BestFirstTreeBuilder(int(budget))
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int | None:

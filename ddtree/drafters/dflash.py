@@ -2,7 +2,10 @@
 
 The drafter's cache holds context K/V for committed tokens only: the features of the accepted
 nodes arrive in ``accept`` and are absorbed at the next ``draft``; the block's own K/V are never
-kept (the reference crops them after every call, which is the same thing).
+kept (the reference crops them after every call, which is the same thing). The cache is
+preallocated (``max_length`` rows per layer) and written in place. On CUDA the block pass can be
+replayed from one captured graph: it then attends over the whole buffer with a mask that hides
+rows at or past the committed length, so its shapes never change.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class DFlashDrafter:
     >>> drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(path), target)   # doctest: +SKIP
     """
 
-    def __init__(self, model: DFlashDraftModel, target, block_size: int | None = None) -> None:
+    def __init__(self, model: DFlashDraftModel, target, block_size: int | None = None,
+                 max_length: int | None = None, cuda_graphs: bool = False) -> None:
         check_pair(model, target)
         self.model, self.target = model.eval(), target
         self.block_size = int(block_size or model.config.block_size)
@@ -46,35 +50,78 @@ class DFlashDrafter:
         self.hidden_layers = tuple(model.config.target_layer_ids)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self._context: list[tuple[Tensor, Tensor]] = []
+        self.max_length = int(max_length or min(target.max_length, 16384))
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        cfg = model.config
+        shape = (1, cfg.num_key_value_heads, self.max_length, cfg.head_dim)
+        self._keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]
+        self._values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]
         self._pending: Tensor | None = None
         self.length = 0  # committed tokens whose features are in the cache
+        self._graph: tuple | None = None
 
     def reset(self, prompt: TargetOutput) -> None:
-        self._context, self.length, self._pending = [], 0, prompt.taps
+        self.length, self._pending = 0, prompt.taps
         self._absorb()  # the draft prefill over the prompt
 
     def _absorb(self) -> None:
-        """Append the pending features' K/V (positions continue the committed length)."""
+        """Write the pending features' K/V after the committed rows (positions continue on)."""
         if self._pending is None or self._pending.shape[0] == 0:
             return
         taps = self._pending.to(self.device, self.dtype)  # [C, n_feat * H]
-        positions = torch.arange(self.length, self.length + taps.shape[0], device=self.device)
-        new = self.model.context_kv(taps, positions)
-        if self._context:
-            new = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(self._context, new)]
-        self._context, self.length, self._pending = new, self.length + taps.shape[0], None
+        end = self.length + taps.shape[0]
+        if end + self.block_size > self.max_length:
+            raise ValueError(f"drafter cache of {self.max_length} rows is full; pass a larger max_length")
+        positions = torch.arange(self.length, end, device=self.device)
+        for buf_k, buf_v, (k, v) in zip(self._keys, self._values, self.model.context_kv(taps, positions)):
+            buf_k[:, :, self.length : end] = k
+            buf_v[:, :, self.length : end] = v
+        self.length, self._pending = end, None
+
+    def _block_log_probs(self, ids: Tensor, length: Tensor | int) -> Tensor:
+        """Log-probs ``[size - 1, vocab]`` of the block ``ids`` ``[size]`` after ``length`` rows."""
+        size = self.block_size
+        block = self.target.embed(ids[None]).to(self.device, self.dtype)  # [1, size, H]
+        positions = length + torch.arange(size, device=self.device)
+        if isinstance(length, int):  # eager: attend over the committed rows only
+            context = [(k[:, :, :length], v[:, :, :length]) for k, v in zip(self._keys, self._values)]
+            mask = None
+        else:  # graph: the whole buffer, rows at or past ``length`` hidden
+            context = list(zip(self._keys, self._values))
+            cols = torch.arange(self.max_length + size, device=self.device)
+            visible = (cols < length) | (cols >= self.max_length)
+            mask = torch.zeros(cols.shape, device=self.device, dtype=self.dtype)
+            mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[None, None, None]
+        hidden = self.model(block, positions, context, mask)[0, 1:]  # [size - 1, H]
+        return torch.log_softmax(self.target.lm_head(hidden).float(), dim=-1)
+
+    def _record_graph(self) -> tuple:
+        ids = torch.full((self.block_size,), self.model.config.mask_token_id, dtype=torch.long, device=self.device)
+        length = torch.zeros((), dtype=torch.long, device=self.device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._block_log_probs(ids, length)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._block_log_probs(ids, length)
+        return graph, ids, length, out
 
     def draft(self, root_token: int) -> Draft:
         self._absorb()
-        size = self.block_size
-        ids = torch.full((size,), self.model.config.mask_token_id, dtype=torch.long)
-        ids[0] = root_token
-        block = self.target.embed(ids[None]).to(self.device, self.dtype)  # [1, size, H]
-        positions = torch.arange(self.length, self.length + size, device=self.device)
-        hidden = self.model(block, positions, self._context)[0, 1:]  # [size - 1, H]
-        logits = self.target.lm_head(hidden)  # [size - 1, vocab]
-        return Draft(torch.log_softmax(logits.float(), dim=-1))
+        if not self.cuda_graphs:
+            ids = torch.full((self.block_size,), self.model.config.mask_token_id, dtype=torch.long)
+            ids[0] = root_token
+            return Draft(self._block_log_probs(ids.to(self.device), self.length))
+        if self._graph is None:
+            self._graph = self._record_graph()
+        graph, ids, length, out = self._graph
+        ids[0].fill_(root_token)
+        length.fill_(self.length)
+        graph.replay()
+        return Draft(out.clone())  # the graph's buffer is rewritten next round
 
     def accept(self, verification: Verification, context: TargetOutput) -> None:
         self._pending = context.taps[list(verification.path)]  # [a, n_feat * H], path order

@@ -7,7 +7,10 @@ A transformers ``StaticLayer`` writes at its own running length (a device counte
 in place, also inside a graph), never at a position passed in. So a verify of n tokens at
 committed length P writes rows P..P+n-1; the commit then moves the accepted rows to P..P+a-1
 and sets every counter to P + a. Keys beyond the committed length hold stale rows, which the
-mask hides: the mask spans the whole cache, ``[1, 1, n, max_length]``.
+mask hides. The mask is ``[1, 1, groups * n, W]``: W, the live width rounded up to a multiple of
+``width_step``, tells the attention (``ddtree.models.attention``) how many cache rows to read,
+and its rows are repeated once per query head sharing a K/V head, so no K/V copy is made. One
+graph is kept per (n, W).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.target import HFTarget
 from ddtree.types import TargetOutput, VerifyInputs
 
@@ -31,17 +35,22 @@ class StaticTarget(HFTarget):
     >>> target = StaticTarget(model, max_length=4096)     # doctest: +SKIP
     """
 
-    def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
+                 width_step: int = 256) -> None:
         super().__init__(model, max_length=max_length)
+        use_folded_sdpa(model)
+        self.width_step = width_step
+        self.groups = self.config.num_attention_heads // self.config.num_key_value_heads
         devices = {p.device for p in model.parameters()}
         one_cuda = len(devices) == 1 and next(iter(devices)).type == "cuda"
         if cuda_graphs and not one_cuda:
             raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
-        self._masks: dict[int, Tensor] = {}  # n -> [1, 1, n, max_length] full-width mask buffer
-        self._graphs: dict[int, tuple] = {}  # n -> (graph, ids, positions, logits, taps)
+        self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
+        self._graphs: dict[tuple[int, int], tuple] = {}  # (n, W) -> (graph, ids, positions, logits, taps)
         self._counters: list[Tensor] = []
+        self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
@@ -66,24 +75,31 @@ class StaticTarget(HFTarget):
         ids = input_ids.reshape(1, -1)
         self.new_cache()
         self.past_length = 0
-        mask = self._full_mask(ids.shape[1], torch.tril(torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool)), 0)
-        out = self._forward(ids, torch.arange(ids.shape[1])[None], mask.clone(), logits_to_keep=1)
+        causal = torch.tril(torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool))
+        mask = self._full_mask(ids.shape[1], causal, 0)
+        out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
+        del self._masks[(ids.shape[1], mask.shape[-1])]  # a prompt-sized buffer is not reused
         self._check_cache()
         self.past_length = ids.shape[1]
         return out
 
-    def _full_mask(self, n: int, visible_tree, past: int) -> Tensor:
-        """A ``[1, 1, n, max_length]`` additive mask: prefix visible, tree part as given, rest hidden."""
-        buf = self._masks.get(n)
+    def _full_mask(self, n: int, tree_part: Tensor, past: int) -> Tensor:
+        """The folded ``[1, 1, groups * n, W]`` additive mask: prefix visible, the tree part as
+        given (a bool ``[n, n]`` or a MaskCompiler's additive ``[1, 1, n, past + n]``), rest hidden."""
+        width = min(self.max_length, -(-(past + n) // self.width_step) * self.width_step)
+        buf = self._masks.get((n, width))
         if buf is None:
-            buf = self._masks[n] = torch.empty(1, 1, n, self.max_length, dtype=self.dtype, device=self.input_device)
+            buf = torch.empty(1, 1, self.groups * n, width, dtype=self.dtype, device=self.input_device)
+            self._masks[(n, width)] = buf
         low = torch.finfo(self.dtype).min
-        buf[..., :past] = 0
-        if isinstance(visible_tree, Tensor) and visible_tree.dtype == torch.bool:
-            buf[0, 0, :, past : past + n] = torch.where(visible_tree.to(buf.device), 0.0, low).to(self.dtype)
-        else:  # an additive [1, 1, n, past + n] mask from a MaskCompiler
-            buf[..., past : past + n] = visible_tree[..., past : past + n]
-        buf[..., past + n :] = low
+        if tree_part.dtype == torch.bool:
+            block = torch.where(tree_part.to(buf.device), 0.0, low).to(self.dtype)
+        else:
+            block = tree_part[0, 0, :, past : past + n]
+        rows = buf.view(self.groups, n, width)
+        rows[:, :, :past] = 0
+        rows[:, :, past : past + n] = block
+        rows[:, :, past + n :] = low
         return buf
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
@@ -93,9 +109,10 @@ class StaticTarget(HFTarget):
         mask = self._full_mask(n, inputs.attention_mask, past)
         if not self.cuda_graphs:
             return self._forward(inputs.input_ids, inputs.position_ids, mask, logits_to_keep=0)
-        if n not in self._graphs:
-            self._graphs[n] = self._record_graph(n, mask)
-        graph, ids, positions, logits, taps = self._graphs[n]
+        key = (n, mask.shape[-1])
+        if key not in self._graphs:
+            self._graphs[key] = self._record_graph(n, mask)
+        graph, ids, positions, logits, taps = self._graphs[key]
         ids.copy_(inputs.input_ids, non_blocking=True)
         positions.copy_(inputs.position_ids, non_blocking=True)
         graph.replay()
@@ -115,14 +132,14 @@ class StaticTarget(HFTarget):
                 self._set_counters(start)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._pool):
             out = self._forward(ids, positions, mask, logits_to_keep=0)
         self._set_counters(start)
         return graph, ids, positions, out.logits, out.taps
 
     def _set_counters(self, length: int) -> None:
-        for counter in self._counters:
-            counter.fill_(length)
+        torch._foreach_zero_(self._counters)  # two fused launches instead of one per layer
+        torch._foreach_add_(self._counters, length)
 
     def commit(self, path: Sequence[int]) -> None:
         """Move the accepted rows to P..P+a-1 in place and set the write counters to P + a."""
