@@ -61,6 +61,25 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
             yield f"DDTree-{budget}", path, target, drafter(), BestFirstTreeBuilder(int(budget))
 
 
+@torch.inference_mode()
+def _drafter_graph_check(target, dflash_model, prompt, cfg, rounds: int = 8) -> dict:
+    """The graphed drafter drafts what the eager one drafts, round after round."""
+    eager = DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length)
+    graphed = DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length, cuda_graphs=True)
+    engine = SpeculativeEngine(target, eager, ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
+    result = engine.generate(prompt, max_new_tokens=rounds * cfg.block_size, record=True)
+    graphed.reset(target.prefill(prompt))
+    agree, worst = [], 0.0
+    for record in result.rounds[:rounds]:
+        draft = graphed.draft(record.tree.tokens[0].item())
+        agree.append((draft.log_probs.argmax(-1).cpu() == record.draft.log_probs.argmax(-1).cpu()).float().mean().item())
+        worst = max(worst, (draft.log_probs.exp() - record.draft.log_probs.exp()).abs().max().item())
+        layout = DenseMaskCompiler().to(target.input_device, target.dtype).compile(record.tree, target.past_length)
+        graphed.accept(record.verification, target.forward_tree(layout))
+        target.commit(record.verification.path)
+    return {"top1_agreement": sum(agree) / len(agree), "max_prob_diff": worst}
+
+
 def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
@@ -102,6 +121,8 @@ def main(cfg: DictConfig) -> None:
         rows.append(row)
         print(f"{name:12s} {path:5s} {row['round_ms']:8.2f} ms/round", flush=True)
 
+    if cfg.cuda_graphs:
+        print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
     reference = next(r["tokens"] for r in rows if r["strategy"] == "AR" and r["path"] == "eager")
     checks = {f"{r['strategy']}/{r['path']}": _first_divergence(reference, r["tokens"]) for r in rows}
     ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "AR"}

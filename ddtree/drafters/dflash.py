@@ -95,32 +95,54 @@ class DFlashDrafter:
         hidden = self.model(block, positions, context, mask)[0, 1:]  # [size - 1, H]
         return torch.log_softmax(self.target.lm_head(hidden).float(), dim=-1)
 
+    def _graph_step(self, taps: Tensor, count: Tensor, length: Tensor, ids: Tensor) -> Tensor:
+        """Absorb ``count`` pending rows (``taps`` padded to the block size), then draft."""
+        positions = length + torch.arange(taps.shape[0], device=self.device)
+        for buf_k, buf_v, (k, v) in zip(self._keys, self._values, self.model.context_kv(taps, positions)):
+            buf_k.index_copy_(2, positions, k)  # padding rows land past the new length: masked, then overwritten
+            buf_v.index_copy_(2, positions, v)
+        return self._block_log_probs(ids, length + count)
+
     def _record_graph(self) -> tuple:
-        ids = torch.full((self.block_size,), self.model.config.mask_token_id, dtype=torch.long, device=self.device)
-        length = torch.zeros((), dtype=torch.long, device=self.device)
+        cfg = self.model.config
+        taps = torch.zeros(self.block_size, len(cfg.target_layer_ids) * cfg.hidden_size, device=self.device, dtype=self.dtype)
+        count, length = (torch.zeros((), dtype=torch.long, device=self.device) for _ in range(2))
+        length.fill_(self.length)  # warm-up writes land past the committed rows
+        ids = torch.full((self.block_size,), cfg.mask_token_id, dtype=torch.long, device=self.device)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._block_log_probs(ids, length)
+                self._graph_step(taps, count, length, ids)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self._block_log_probs(ids, length)
-        return graph, ids, length, out
+            out = self._graph_step(taps, count, length, ids)
+        return graph, taps, count, length, ids, out
 
     def draft(self, root_token: int) -> Draft:
-        self._absorb()
         if not self.cuda_graphs:
+            self._absorb()
             ids = torch.full((self.block_size,), self.model.config.mask_token_id, dtype=torch.long)
             ids[0] = root_token
             return Draft(self._block_log_probs(ids.to(self.device), self.length))
+        pending = self._pending
+        if pending is not None and pending.shape[0] > self.block_size:
+            self._absorb()  # more rows than one graph step takes (a prompt): eager
+            pending = None
+        if self.length + 2 * self.block_size > self.max_length:
+            raise ValueError(f"drafter cache of {self.max_length} rows is full; pass a larger max_length")
         if self._graph is None:
             self._graph = self._record_graph()
-        graph, ids, length, out = self._graph
-        ids[0].fill_(root_token)
+        graph, taps, count, length, ids, out = self._graph
+        rows = 0 if pending is None else pending.shape[0]
+        if rows:
+            taps[:rows].copy_(pending, non_blocking=True)
+        count.fill_(rows)
         length.fill_(self.length)
+        ids[0].fill_(root_token)
         graph.replay()
+        self.length, self._pending = self.length + rows, None
         return Draft(out.clone())  # the graph's buffer is rewritten next round
 
     def accept(self, verification: Verification, context: TargetOutput) -> None:
