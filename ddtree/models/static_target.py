@@ -10,7 +10,8 @@ and sets every counter to P + a. Keys beyond the committed length hold stale row
 mask hides. The mask is ``[1, 1, groups * n, W]``: W, the live width rounded up to a multiple of
 ``width_step``, tells the attention (``ddtree.models.attention``) how many cache rows to read,
 and its rows are repeated once per query head sharing a K/V head, so no K/V copy is made. One
-graph is kept per (n, W).
+graph is kept per (n, W), each with its own memory pool (graphs that share one cannot be
+thrown away safely when the taps change).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class StaticTarget(HFTarget):
         self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
         self._graphs: dict[tuple[int, int], tuple] = {}  # (n, W) -> (graph, ids, positions, logits, taps)
         self._counters: list[Tensor] = []
-        self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
@@ -132,7 +132,7 @@ class StaticTarget(HFTarget):
                 self._set_counters(start)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph):
             out = self._forward(ids, positions, mask, logits_to_keep=0)
         self._set_counters(start)
         return graph, ids, positions, out.logits, out.taps
