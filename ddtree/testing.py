@@ -46,3 +46,104 @@ def tiny_dflash(target_model, block_size: int = 8, num_layers: int = 2, seed: in
         target_layer_ids=layer_ids, block_size=block_size, max_position_embeddings=cfg.max_position_embeddings,
     )
     return DFlashDraftModel(dcfg).to(target_model.dtype).eval()
+
+
+def tiny_hybrid_target(vocab_size: int = 96, num_layers: int = 4, seed: int = 0,
+                       dtype: torch.dtype = torch.float32, max_positions: int = 1024,
+                       full_attention_interval: int = 2):
+    """A random-weight Qwen3.5 hybrid LM: Gated DeltaNet layers, every ``full_attention_interval``-th
+    layer full attention (default linear, full, linear, full: GDN layers after attention ones).
+
+    The GDN layers are re-initialised so that they matter: the default init decays the state by up
+    to e^-16 per token and keeps the projections tiny, which would hide state-handling errors.
+    """
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+        layer_types=["full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
+                     for i in range(num_layers)],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, tie_word_embeddings=False, attn_implementation="sdpa",
+    )
+    model = Qwen3_5ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gdn = getattr(layer, "linear_attn", None)
+            if gdn is None:
+                continue
+            gdn.A_log.copy_(torch.empty_like(gdn.A_log).uniform_(-3.0, 0.0))  # decay e^-0.05..e^-1 per token
+            gdn.dt_bias.normal_()
+            gdn.norm.weight.normal_(1.0, 0.3)
+            gdn.conv1d.weight.normal_(0.0, 0.5)
+            for proj in (gdn.in_proj_qkv, gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a):
+                proj.weight.normal_(0.0, proj.in_features**-0.5)
+            gdn.out_proj.weight.normal_(0.0, 0.5 * gdn.out_proj.in_features**-0.5)
+        # Sharper logits than the default init, so greedy text is not a sea of near-ties.
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model.to(dtype).eval()
+
+
+# -- tokenizer and drafter factories for configs, demos and tests ------------------------------
+
+TINY_SPECIAL_TOKENS = ("<pad>", "<unk>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>")
+TINY_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{%- if m['role'] == 'assistant' -%}<eos>{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+
+
+def tiny_tokenizer(vocab_size: int = 96):
+    """A deterministic character-level tokenizer for the tiny targets (built in-process).
+
+    Ids 0..5 are ``<pad> <unk> <eos> <|system|> <|user|> <|assistant|>``, then one id per
+    character (newline, tab, space, letters, digits, punctuation) while ids stay below
+    ``vocab_size``; other characters are ``<unk>``. eos is ``<eos>``. The chat template writes
+    ``<|role|>content`` per message (``<eos>`` after assistant turns) and ``<|assistant|>`` as
+    the generation prompt.
+
+    >>> tok = tiny_tokenizer(96)
+    >>> tok.decode(tok.encode("Hi!", add_special_tokens=False))
+    'Hi!'
+    """
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < len(TINY_SPECIAL_TOKENS) + 16:
+        raise ValueError(f"tiny_tokenizer needs vocab_size >= {len(TINY_SPECIAL_TOKENS) + 16}, got {vocab_size}")
+    alphabet = "\n\t " + string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation
+    symbols = [*TINY_SPECIAL_TOKENS, *alphabet[: vocab_size - len(TINY_SPECIAL_TOKENS)]]
+    backend = Tokenizer(models.WordLevel({s: i for i, s in enumerate(symbols)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per char
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(TINY_SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
+                                   eos_token="<eos>", chat_template=TINY_CHAT_TEMPLATE)
+
+
+def tiny_dflash_drafter(target, block_size: int = 8, num_layers: int = 2, seed: int = 0):
+    """A ``DFlashDrafter`` with random weights shaped for ``target`` (an ``HFTarget``)."""
+    from ddtree.drafters.dflash import DFlashDrafter
+
+    return DFlashDrafter(tiny_dflash(target.model, block_size=block_size, num_layers=num_layers, seed=seed),
+                         target, block_size=block_size)
+
+
+def oracle_drafter(target, depth: int = 7, swap_prob: float = 0.0, sharpness: float = 1.0, seed: int = 0):
+    """An ``OracleDrafter`` asking ``target``'s own model (see ``ddtree.drafters.oracle``)."""
+    from ddtree.drafters.oracle import OracleDrafter
+
+    return OracleDrafter(target.model, depth=depth, swap_prob=swap_prob, sharpness=sharpness, seed=seed)
+
+
+def tiny_mtp_drafter(target, steps: int = 3, seed: int = 0):
+    """An ``MTPDrafter`` with a random MTP head shaped for ``target``."""
+    from ddtree.drafters.mtp import MTPDrafter
+    from ddtree.models.mtp import MTPHead
+
+    return MTPDrafter(MTPHead.for_target(target.model, seed=seed), target, steps=steps)

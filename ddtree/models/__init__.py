@@ -1,6 +1,7 @@
 """Everything that knows transformers internals lives here."""
 
 from ddtree.models.dflash import DFlashConfig, DFlashDraftModel
+from ddtree.models.hybrid import HybridTarget, target_for
 from ddtree.models.target import HFTarget
 
-__all__ = ["DFlashConfig", "DFlashDraftModel", "HFTarget"]
+__all__ = ["DFlashConfig", "DFlashDraftModel", "HFTarget", "HybridTarget", "target_for"]

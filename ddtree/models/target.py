@@ -126,11 +126,15 @@ class HFTarget:
         """Keep the prefix plus the accepted nodes' K/V rows, contiguous, in path order."""
         past = self.past_length
         keep = torch.cat([torch.arange(past), past + torch.as_tensor(path, dtype=torch.long)])
-        for layer in self.cache.layers:
+        for layer in self._kv_layers():
             idx = keep.to(layer.keys.device)
             layer.keys = layer.keys.index_select(-2, idx)
             layer.values = layer.values.index_select(-2, idx)
         self.past_length = past + len(path)
+
+    def _kv_layers(self) -> list:
+        """The cache layers that hold one K/V row per token (all of them here)."""
+        return list(self.cache.layers)
 
     def _check_cache(self) -> None:
         # Only plain K/V layers can be rolled back by dropping rows. Anything with state that

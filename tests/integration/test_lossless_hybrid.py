@@ -1,0 +1,183 @@
+"""Lossless decoding on a hybrid Gated DeltaNet / attention target (tiny Qwen3.5, fp32, CPU).
+
+T = 0: every strategy returns exactly ``model.generate(do_sample=False)``. T > 0: the first
+tokens follow the target's exact distribution (chi-square, as test_lossless_sampling). And the
+danger is real: a crop-based rollback, which leaves the GDN recurrent state holding rejected
+tokens, changes the output, so these tests would catch a regression to ``crop``.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models import HFTarget, HybridTarget
+from ddtree.testing import tiny_dflash, tiny_hybrid_target
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.verifiers import GreedyVerifier, SamplingVerifier
+
+# The chi-square helper of the attention-only test (tests/ is not a package: load it by path).
+_spec = importlib.util.spec_from_file_location("_sampling", Path(__file__).with_name("test_lossless_sampling.py"))
+_sampling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_sampling)
+_chi_square_p_value, _exact_distribution = _sampling._chi_square_p_value, _sampling._exact_distribution
+
+NEW_TOKENS = 64
+PROMPT_LENGTHS = (1, 7, 23)
+ORACLE_BUDGETS = (1, 2, 7, 16, 64, 256)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread. With two, every op waits at an OpenMP barrier for a core
+    that other processes hold, which made these tests ~100x slower on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_hybrid_target()
+
+
+def _prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 90, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy_reference(model, prompt, new_tokens=NEW_TOKENS):
+    ids = prompt[None]  # explicit mask: generate would take tokens equal to pad_token_id for padding
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, prompt.numel():].tolist()
+
+
+def _oracle(model):
+    return OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10)
+
+
+def _strategies(model, target):
+    dflash = tiny_dflash(model)
+    yield "ar", NullDrafter(), ChainTreeBuilder()
+    yield "dflash-random", DFlashDrafter(dflash, target), ChainTreeBuilder()
+    for budget in (16, 256):
+        yield f"ddtree{budget}-random", DFlashDrafter(dflash, target), BestFirstTreeBuilder(budget)
+    yield "dflash-oracle", _oracle(model), ChainTreeBuilder()
+    for budget in ORACLE_BUDGETS:
+        yield f"ddtree{budget}-oracle", _oracle(model), BestFirstTreeBuilder(budget)
+
+
+@pytest.mark.parametrize("length", PROMPT_LENGTHS)
+def test_every_strategy_equals_target_greedy(model, length):
+    prompt = _prompt(length, seed=length)
+    expected = _greedy_reference(model, prompt)
+    target = HybridTarget(model)
+    taus = {}
+    for name, drafter, tree in _strategies(model, target):
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        result = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == expected, f"{name}: differs from greedy"
+        assert sum(result.acceptance_lengths) + 1 == NEW_TOKENS
+        taus[name] = result.mean_acceptance
+    assert taus["ar"] == 1.0
+    for name, tau in taus.items():
+        if name.endswith("oracle"):
+            assert tau > 1.5, f"{name}: tau {tau:.2f}, the test needs real multi-token acceptances"
+    assert taus["ddtree64-oracle"] > taus["dflash-oracle"]  # siblings recover from the swapped tokens
+
+
+# ---------------------------------------------------------------- the danger is real
+
+
+class CropRollbackTarget(HybridTarget):
+    """The naive rollback this library must never regress to: a plain forward over the chain
+    (which commits every drafted token into the GDN state), then ``DynamicCache.crop``."""
+
+    def prefill(self, input_ids):
+        out = super().prefill(input_ids)
+        self.cache.activate_past_recording()  # otherwise crop refuses the conv windows
+        return out
+
+    def forward_tree(self, inputs):
+        self._fed = inputs.input_ids.shape[1]
+        return HFTarget.forward_tree(self, inputs)
+
+    def commit(self, path):
+        assert list(path) == list(range(len(path))), "crop can only keep a chain's prefix"
+        self.cache.crop(-(self._fed - len(path)))  # no error raised: K/V and conv roll back, S does not
+        self.past_length += len(path)
+
+
+def test_crop_rollback_changes_the_output(model):
+    prompt = _prompt(13, seed=13)
+    expected = _greedy_reference(model, prompt)
+    parts = (_oracle(model), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
+    naive = SpeculativeEngine(CropRollbackTarget(model), *parts).generate(prompt, max_new_tokens=NEW_TOKENS)
+    assert naive.mean_acceptance < 7.5  # drafts were rejected, so crop had real work to do
+    assert naive.tokens != expected, "crop-based rollback should corrupt the GDN state"
+    parts = (_oracle(model), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
+    assert SpeculativeEngine(HybridTarget(model), *parts).generate(prompt, max_new_tokens=NEW_TOKENS).tokens == expected
+
+
+# ---------------------------------------------------------------- T > 0
+
+
+# The same 4-token vocabulary, prompt and 3-token continuations as test_lossless_sampling.
+VOCAB, NEW, PROMPT, ALPHA = _sampling.VOCAB, _sampling.NEW, _sampling.PROMPT, _sampling.ALPHA
+SAMPLES = 600
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model():
+    model = tiny_hybrid_target(vocab_size=VOCAB, seed=1)
+    with torch.no_grad():  # a little more peaked, so trees are accepted often
+        model.get_output_embeddings().weight.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize("name, temperature", [("ar", 1.0), ("ddtree-oracle", 1.0)])
+def test_first_tokens_follow_the_target_distribution(small_vocab_model, name, temperature):
+    model = small_vocab_model
+    drafter = NullDrafter() if name == "ar" else OracleDrafter(model, depth=NEW - 1, sharpness=2.0)
+    tree = ChainTreeBuilder() if name == "ar" else BestFirstTreeBuilder(6)
+    engine = SpeculativeEngine(HybridTarget(model), drafter, tree, DenseMaskCompiler(), SamplingVerifier(temperature))
+    counts, accepted = {}, 0
+    for seed in range(SAMPLES):
+        result = engine.generate(PROMPT, max_new_tokens=NEW, seed=seed)
+        counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
+        accepted += sum(length - 1 for length in result.acceptance_lengths)
+    p_value = _chi_square_p_value(counts, _exact_distribution(model, temperature), SAMPLES)
+    assert p_value > ALPHA, f"{name} at T={temperature}: chi-square p = {p_value:.2e}"
+    if name != "ar":  # only meaningful if drafts are accepted
+        assert accepted > 0.3 * SAMPLES
+
+
+# ---------------------------------------------------------------- the GPU benchmark, smoke-tested
+
+
+def test_verify_bench_runs_on_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(REPO / "experiments" / "hybrid_verify_bench.py"), "--device", "cpu",
+           "--dtype", "float32",
+           "--layers", "4", "--hidden-size", "64", "--intermediate-size", "96", "--heads", "4", "--kv-heads", "2",
+           "--head-dim", "16", "--gdn-key-heads", "2", "--gdn-value-heads", "4", "--gdn-head-dim", "16",
+           "--vocab", "128", "--prompt", "32", "--sizes", "1", "16", "--warmup", "1", "--reps", "2",
+           "--check-layers", "4", "--check-tokens", "8", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [row["nodes"] for row in report["timings"]] == [1, 16]
+    assert all(row["hybrid_verify_ms"] > 0 and row["hf_forward_ms"] > 0 for row in report["timings"])
+    assert report["greedy_check"]["tokens"] == 8 and report["greedy_check"]["equal"]  # fp32: exact
+    assert "| nodes |" in run.stdout
