@@ -36,7 +36,7 @@ class OracleDrafter:
         if self.depth == 0:
             return Draft.empty(vocab)
         out = self.model.generate(
-            ids, max_new_tokens=self.depth, min_new_tokens=self.depth, do_sample=False,
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.depth, min_new_tokens=self.depth, do_sample=False,
             output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
         )
         logp = torch.log_softmax(self.sharpness * torch.cat(out.logits).float(), dim=-1).cpu()  # [L, vocab]

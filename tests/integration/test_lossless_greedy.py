@@ -26,7 +26,7 @@ def _prompt(length: int, seed: int) -> torch.Tensor:
 
 
 def _greedy_reference(model, prompt, new_tokens=NEW_TOKENS, eos=None):
-    out = model.generate(prompt[None], max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    out = model.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
     return out[0, prompt.numel():].tolist()
 
 

@@ -15,7 +15,7 @@ from ddtree.verifiers import GreedyVerifier
 def test_greedy_identity_with_a_static_cache(tiny_models, family):
     model = tiny_models[family]
     prompt = torch.arange(4, 17)
-    expected = model.generate(prompt[None], max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 13:]
+    expected = model.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 13:]
     target = StaticTarget(model, max_length=256, cuda_graphs=False)
     for drafter, tree in [(NullDrafter(), ChainTreeBuilder()),
                           (OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(32))]:
