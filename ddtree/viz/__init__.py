@@ -1,0 +1,5 @@
+"""Figures (matplotlib, the optional ``viz`` extra, imported only when a figure is drawn)."""
+
+from ddtree.viz.tree import TreeDrawing, draw_round, draw_tree, drawing_of
+
+__all__ = ["TreeDrawing", "draw_round", "draw_tree", "drawing_of"]
