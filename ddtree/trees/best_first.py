@@ -19,14 +19,17 @@ from ddtree.types import Draft, Tree
 class BestFirstTreeBuilder:
     """Best-first tree with node budget B (the root does not count: verify length 1 + B).
 
-    ``max_width`` caps the ranks per depth (``max_width=1`` gives the chain).
+    ``max_width`` caps the ranks per depth (``max_width=1`` gives the chain). ``draft_temperature``
+    rescales the draft before scoring (below 1: trust the drafter more, which grows deeper, narrower
+    trees when a drafter ranks well but is under-confident). Verification does not depend on it, so
+    every setting is equally lossless.
 
     >>> q = torch.log_softmax(torch.randn(4, 10), -1)
     >>> BestFirstTreeBuilder(budget=6).build(Draft(q), root_token=3).size
     7
     """
 
-    def __init__(self, budget: int, max_width: int | None = None) -> None:
+    def __init__(self, budget: int, max_width: int | None = None, draft_temperature: float = 1.0) -> None:
         if not isinstance(budget, int) or budget < 0:
             raise ValueError(
                 f"tree budget must be a non-negative integer (nodes below the root), got {budget!r}; "
@@ -34,15 +37,21 @@ class BestFirstTreeBuilder:
             )
         if max_width is not None and max_width < 1:
             raise ValueError(f"max_width must be >= 1 or None, got {max_width!r}")
+        if not draft_temperature > 0:
+            raise ValueError(f"draft_temperature must be > 0, got {draft_temperature!r}")
         self.budget = budget
         self.max_width = max_width
+        self.draft_temperature = float(draft_temperature)
 
     def build(self, draft: Draft, root_token: int) -> Tree:
         depth_limit, vocab = draft.log_probs.shape
         k = min(self.budget, vocab, self.max_width or vocab)
         if depth_limit == 0 or k == 0:
             return Tree.root(root_token)
-        top_logp, top_tok = draft.log_probs.float().topk(k, dim=-1)  # [L, K] each, sorted
+        logp_all = draft.log_probs.float()
+        if self.draft_temperature != 1.0:
+            logp_all = torch.log_softmax(logp_all / self.draft_temperature, dim=-1)
+        top_logp, top_tok = logp_all.topk(k, dim=-1)  # [L, K] each, sorted
         logp, tok = top_logp.cpu().tolist(), top_tok.cpu().tolist()
 
         tokens, parents, depths, scores = [root_token], [-1], [0], [0.0]

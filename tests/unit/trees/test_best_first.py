@@ -89,3 +89,11 @@ def test_budget_zero_and_empty_draft_give_the_root():
     assert BestFirstTreeBuilder(0).build(draft, 3).size == 1
     assert BestFirstTreeBuilder(16).build(draft.truncate(0), 3).size == 1
     assert ChainTreeBuilder().build(draft.truncate(0), 3).size == 1
+
+
+def test_draft_temperature_below_one_grows_deeper_trees():
+    flat = torch.log_softmax(torch.tensor([[1.0, 0.8, 0.6, 0.4]] * 6), -1)
+    wide = BestFirstTreeBuilder(6).build(Draft(flat), 0)
+    deep = BestFirstTreeBuilder(6, draft_temperature=0.1).build(Draft(flat), 0)
+    assert int(wide.depths.max()) < int(deep.depths.max()) == 6
+    assert BestFirstTreeBuilder(6, draft_temperature=1.0).build(Draft(flat), 0).tokens.tolist() == wide.tokens.tolist()
