@@ -1,5 +1,6 @@
 """Figures (matplotlib, the optional ``viz`` extra, imported only when a figure is drawn)."""
 
+from ddtree.viz.plots import plot_acceptance_histogram, plot_budget_tradeoff
 from ddtree.viz.tree import TreeDrawing, draw_round, draw_tree, drawing_of
 
-__all__ = ["TreeDrawing", "draw_round", "draw_tree", "drawing_of"]
+__all__ = ["TreeDrawing", "draw_round", "draw_tree", "drawing_of", "plot_acceptance_histogram", "plot_budget_tradeoff"]

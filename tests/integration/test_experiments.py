@@ -1,0 +1,145 @@
+"""experiments/run.py and make_tables.py end to end on tiny random models (CPU, no downloads).
+
+A 2 x 2 multirun (two budgets, two temperatures) next to an AR run, one of its jobs resumed from a
+pre-written record, a prompt too long for the context skipped by name, and Table 1 equal to the
+numbers computed from the records by hand. Then the bad-input errors users see.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from statistics import fmean
+
+import pytest
+
+from ddtree.metrics import mean_of_means
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "experiments" / "run.py"
+COMMON = ["data=jsonl", "max_new_tokens=12", "warmup_tokens=2", "progress=false", "target.model.max_length=80"]
+PROMPTS = [{"id": "hello", "prompt": "Say hello."}, {"id": "fruit", "turns": ["Name a fruit.", "And a vegetable?"]},
+           {"id": "long", "prompt": "x" * 100}]  # 100 + 12 tokens > the 80-token context
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HYDRA_FULL_ERROR": "0"}
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    return subprocess.run([sys.executable, str(RUN), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def experiments_run():
+    spec = importlib.util.spec_from_file_location("experiments_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(run_dir.glob("records*.jsonl")) for line in f.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """AR at T = 0, 1 and DDTree at B = 4, 8 x T = 0, 1, one job started from a pre-written record."""
+    root = tmp_path_factory.mktemp("sweep")
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    common = [*COMMON, f"data.path={data}", f"hydra.sweep.dir={root / 'multirun'}"]
+
+    # An interrupted job: the first response is already recorded (a marker no run would write).
+    # Run directories are named by the sorted overrides (hydra.job.override_dirname, made flat).
+    overrides = sorted([*COMMON[:3], f"data.path={data}", *COMMON[4:], "drafter=dflash_random",
+                        "experiment=ddtree", "temperature=0", "tree.budget=4"])
+    job = root / "multirun" / experiments_run().run_dirname(",".join(overrides))
+    job.mkdir(parents=True)
+    marker = {"key": "0:0", "prompt_id": "hello", "index": 0, "turn": 0, "tokens": [7, 8], "text": "pre-written",
+              "acceptance_lengths": [2], "tpot": 0.5, "marker": True}
+    (job / "records.jsonl").write_text(json.dumps(marker) + "\n")
+
+    ar = run("-m", "experiment=ar", "temperature=0,1", *common, cwd=root)
+    assert ar.returncode == 0, ar.stderr[-3000:]
+    tree = run("-m", "experiment=ddtree", "drafter=dflash_random", "tree.budget=4,8", "temperature=0,1", *common,
+               cwd=root)
+    assert tree.returncode == 0, tree.stderr[-3000:]
+    return root, job, ar.stdout + ar.stderr + tree.stdout + tree.stderr
+
+
+def test_the_multirun_completes_every_job(sweep) -> None:
+    root, _, _ = sweep
+    jobs = sorted(p.parent for p in (root / "multirun").rglob("run.json"))
+    assert len(jobs) == 2 + 4
+    for job in jobs:
+        assert sorted(r["key"] for r in records(job)) == ["0:0", "1:0", "1:1"]  # "long" was skipped
+        meta = json.loads((job / "run.json").read_text())
+        assert meta["parts"]["drafter"] in {"NullDrafter", "DFlashDrafter"} and meta["model"] == "tiny-qwen3"
+
+
+def test_a_resumed_job_computes_only_the_missing_responses(sweep) -> None:
+    _, job, log = sweep
+    mine = records(job)
+    assert mine[0]["marker"] is True and mine[0]["text"] == "pre-written"  # kept, not recomputed
+    assert sum(r["key"] == "0:0" for r in mine) == 1 and len(mine) == 3
+    assert "computed 2, reused 1, skipped 1" in (job / "run.log").read_text()
+
+
+def test_a_prompt_too_long_for_the_context_is_skipped_with_its_name(sweep) -> None:
+    _, job, _ = sweep
+    text = (job / "run.log").read_text()
+    assert "skipping prompt long (turn 0)" in text and "longer than the target's context of 80 tokens" in text
+
+
+def test_make_tables_equals_the_numbers_from_the_records(sweep, tmp_path) -> None:
+    root, _, _ = sweep
+    spec = importlib.util.spec_from_file_location("make_tables", ROOT / "experiments" / "make_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(root / "multirun"), "--out", str(tmp_path), "--compare-paper"]) == 0
+    rows = {float(r["temperature"]): r for r in csv.DictReader(open(tmp_path / "table1.csv"))}
+    assert set(rows) == {0.0, 1.0}
+
+    jobs = {}
+    for meta_file in (root / "multirun").rglob("run.json"):
+        parts = json.loads(meta_file.read_text())["parts"]
+        jobs[(parts["drafter"], parts["budget"], parts["temperature"])] = records(meta_file.parent)
+    for temperature, row in rows.items():
+        ar_tpot = fmean(r["tpot"] for r in jobs[("NullDrafter", None, temperature)])
+        by_budget = {b: jobs[("DFlashDrafter", b, temperature)] for b in (4, 8)}
+        speedup = {b: ar_tpot / fmean(r["tpot"] for r in recs) for b, recs in by_budget.items()}
+        best = max(speedup, key=speedup.get)
+        assert int(row["ddtree_budget"]) == best
+        assert float(row["ddtree_speedup"]) == pytest.approx(speedup[best], rel=1e-12)
+        assert float(row["ddtree_tau"]) == pytest.approx(
+            mean_of_means(r["acceptance_lengths"] for r in by_budget[best]), rel=1e-12)
+        assert row["dflash_speedup"] == "" and int(row["n_ddtree"]) == 3
+    assert (tmp_path / "table1.md").read_text().count("tiny-qwen3") == 2
+    assert "\\begin{tabular}" in (tmp_path / "table1.tex").read_text()
+    if importlib.util.find_spec("matplotlib"):
+        assert len(list(tmp_path.glob("fig3_*.png"))) == 2 and len(list(tmp_path.glob("fig4_*.png"))) == 2
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("tree.budget=-1", "tree budget must be a non-negative integer (nodes below the root), got -1"),
+    ("temperature=-1", "temperature must be a number >= 0, got -1"),
+])
+def test_bad_knobs_reach_the_user_before_any_weights_load(override, message, tmp_path) -> None:
+    out = run("experiment=ddtree", "drafter=dflash_random", override, *COMMON, "data.path=unused.jsonl",
+              f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert not list(tmp_path.glob("records*.jsonl"))
+
+
+def test_run_directories_are_flat_deterministic_names() -> None:
+    name = experiments_run().run_dirname
+    assert name("") == "defaults"
+    assert name("data.path=/data/gsm8k.jsonl,data=jsonl") == "data.path=_data_gsm8k.jsonl,data=jsonl"
+    long = ",".join(f"knob{i}=/some/long/path/{i}" for i in range(20))
+    assert len(name(long)) < 200 and name(long) == name(long) != name(long + "x")

@@ -1,0 +1,26 @@
+"""The paper's figures draw from plain numbers (matplotlib is the optional viz extra)."""
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from ddtree.eval import load_paper_numbers  # noqa: E402
+from ddtree.viz.plots import plot_acceptance_histogram, plot_budget_tradeoff  # noqa: E402
+
+
+def test_budget_tradeoff_with_the_published_curve(tmp_path) -> None:
+    fig3 = load_paper_numbers()["fig3"]
+    fig = plot_budget_tradeoff([16, 64, 256], tau=[8.0, 9.0, 9.5], speedup=[5.0, 6.0, None],
+                               baseline={"tau": 7.0, "speedup": 4.5}, reference=fig3, title="MATH-500")
+    assert len(fig.axes) == 2  # speedup and tau
+    fig.savefig(tmp_path / "fig3.png")
+    assert (tmp_path / "fig3.png").stat().st_size > 0
+    assert len(plot_budget_tradeoff([16, 32], tau=[2.0, 2.5]).axes) == 1  # no AR run: tau only
+
+
+def test_acceptance_histogram(tmp_path) -> None:
+    fig4 = load_paper_numbers()["fig4"]
+    paper = {k: v / 100 for k, v in zip(fig4["lengths"], fig4["ddtree"])}
+    fig = plot_acceptance_histogram({"ours": {1: 0.5, 2: 0.25, 16: 0.25}, "paper": paper})
+    fig.savefig(tmp_path / "fig4.png")
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["ours", "paper"]
