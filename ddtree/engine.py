@@ -23,6 +23,10 @@ from ddtree.metrics.timer import StageTimer
 from ddtree.types import Draft, GenerationResult, Tree, Verification
 
 
+class ContextLengthError(ValueError):
+    """The prompt plus ``max_new_tokens`` does not fit the target's context."""
+
+
 @dataclass(frozen=True)
 class RoundRecord:
     """One round, kept when ``generate(record=True)``: enough to draw the tree afterwards."""
@@ -71,7 +75,7 @@ class SpeculativeEngine:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if ids.numel() + max_new_tokens > self.target.max_length:
-            raise ValueError(
+            raise ContextLengthError(
                 f"the prompt has {ids.numel()} tokens and max_new_tokens is {max_new_tokens}: together "
                 f"longer than the target's context of {self.target.max_length} tokens; shorten the "
                 "prompt or lower max_new_tokens"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddtree import SpeculativeEngine
+from ddtree import ContextLengthError, SpeculativeEngine
 from ddtree.drafters import NullDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget
@@ -28,7 +28,7 @@ def test_negative_temperature():
 
 
 def test_prompt_longer_than_the_context(engine):
-    with pytest.raises(ValueError, match="longer than the target's context of 1024 tokens; shorten the prompt"):
+    with pytest.raises(ContextLengthError, match="longer than the target's context of 1024 tokens; shorten the prompt"):
         engine.generate(torch.zeros(1020, dtype=torch.long), max_new_tokens=8)
 
 
