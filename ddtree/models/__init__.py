@@ -2,6 +2,7 @@
 
 from ddtree.models.dflash import DFlashConfig, DFlashDraftModel
 from ddtree.models.hybrid import HybridTarget, target_for
+from ddtree.models.mtp import MTPHead
 from ddtree.models.target import HFTarget
 
-__all__ = ["DFlashConfig", "DFlashDraftModel", "HFTarget", "HybridTarget", "target_for"]
+__all__ = ["DFlashConfig", "DFlashDraftModel", "HFTarget", "HybridTarget", "MTPHead", "target_for"]

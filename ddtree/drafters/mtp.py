@@ -1,0 +1,126 @@
+"""MTP as a drafter: k chained steps of one MTP head over the target's post-norm hidden states.
+
+Alignment. The head's cache row at position t holds the pair (h_t, x_{t+1}): the target's hidden
+at t and the token after it, and its output predicts x_{t+2}. After a round the committed tokens
+are x_0..x_{N-1} and the bonus b = x_N is not yet fed, so the cache can hold the pairs for
+t = 0..N-2 only: the pair (h_{N-1}, b) is the first draft step, which drafts x_{N+1}, the token
+at depth 1 below the root b. Step j > 1 feeds the head's own output h' and its own top-1 token.
+
+Cache. Only pairs of two committed tokens with the target's true hidden are kept. Step 1 is such
+a pair (the root is always committed); chained steps use h', so they are cropped after every
+draft. The accepted path's pairs (from the verify's hidden taps) are queued in ``accept`` and
+fed in one forward, together with step 1, at the next ``draft``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from ddtree.models.mtp import MTPHead
+from ddtree.types import FINAL_NORM, Draft, TargetOutput, Verification
+
+
+def check_pair(head: MTPHead, target) -> None:
+    """Clear errors for a head made for another target."""
+    problems = []
+    target_hidden = int(target.config.hidden_size)
+    if head.hidden_size != target_hidden:
+        problems.append(f"head hidden size {head.hidden_size} != target hidden size {target_hidden}")
+    if head.vocab_size != target.vocab_size:
+        problems.append(f"head vocabulary {head.vocab_size} != target vocabulary {target.vocab_size}")
+    if problems:
+        raise ValueError("MTP head does not match the target: " + "; ".join(problems))
+
+
+def _truncate(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` rows (``DynamicCache.crop``'s argument changed meaning across versions)."""
+    for layer in cache.layers:
+        if layer.keys is not None and layer.keys.shape[-2] > length:
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+
+
+class MTPDrafter:
+    """Drafts ``steps`` depths by chaining one MTP head; ``top_k`` keeps each depth's k best tokens.
+
+    Rows are float32 log-probs of the target's LM head over the head's output, so the chain
+    builder takes the top-1 path and ``BestFirstTreeBuilder`` branches along it (MTP-tree).
+    With ``top_k`` the other entries are -inf, which caps a tree's width per depth.
+
+    >>> drafter = MTPDrafter(MTPHead.from_pretrained(path), target, steps=3)      # doctest: +SKIP
+    >>> SpeculativeEngine(target, drafter, ChainTreeBuilder(), ...).generate(ids)  # doctest: +SKIP
+    """
+
+    hidden_layers: tuple[int, ...] = (FINAL_NORM,)
+
+    def __init__(self, head: MTPHead, target, steps: int = 3, top_k: int | None = None) -> None:
+        if not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"steps must be a non-negative integer (0 drafts nothing, as AR), got {steps!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        check_pair(head, target)
+        self.head, self.target, self.steps, self.top_k = head.eval(), target, steps, top_k
+        param = next(head.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = DynamicCache()
+        self.length = 0  # pairs in the cache: positions 0..length-1
+        self._hidden = torch.empty(0, head.hidden_size, device=self.device, dtype=self.dtype)  # [P, H] queued
+        self._tokens: list[int] = []  # [P] the token after each queued hidden
+        self._last: Tensor | None = None  # [H] hidden of the last committed token, awaiting its next token
+
+    def _taps(self, taps: Tensor) -> Tensor:
+        return taps.to(self.device, self.dtype)
+
+    def reset(self, prompt: TargetOutput) -> None:
+        """The prompt's pairs (h_t, x_{t+1}) are queued; h of its last token waits for the bonus."""
+        taps = self._taps(prompt.taps)  # [T, H]
+        self.cache, self.length = DynamicCache(), 0
+        self._hidden, self._tokens = taps[:-1], prompt.tokens[1:].tolist()
+        self._last = taps[-1]
+
+    @torch.inference_mode()
+    def catch_up(self) -> Tensor | None:
+        """Feed the queued pairs in one forward; their outputs ``[P, H]`` (None when nothing is queued)."""
+        count = len(self._tokens)
+        if count == 0:
+            return None
+        embeds = self.target.embed(torch.tensor(self._tokens)[None]).to(self.device, self.dtype)  # [1, P, H]
+        positions = torch.arange(self.length, self.length + count, device=self.device)[None]
+        out = self.head(embeds, self._hidden[None], positions, self.cache)[0]  # [P, H]
+        self.length += count
+        self._hidden, self._tokens = self._hidden[:0], []
+        return out
+
+    def _log_probs(self, hidden: Tensor) -> Tensor:  # [1, H] -> [1, vocab] float32
+        return torch.log_softmax(self.target.lm_head(hidden).float(), dim=-1)
+
+    @torch.inference_mode()
+    def draft(self, root_token: int) -> Draft:
+        # Step 1's pair (h_{N-1}, b) is true (the root is always accepted): queue it with the rest.
+        self._hidden = torch.cat([self._hidden, self._last[None]])
+        self._tokens.append(int(root_token))
+        self._last = None
+        if self.steps == 0:
+            return Draft.empty(self.target.vocab_size, self.target.output_device)
+        hidden = self.catch_up()[-1:]  # [1, H] step 1's output, after the committed pairs
+        rows = [self._log_probs(hidden)]
+        for step in range(1, self.steps):
+            token = rows[-1].argmax(dim=-1)  # [1] the head's own top-1, fed to the next step
+            embeds = self.target.embed(token[None]).to(self.device, self.dtype)  # [1, 1, H]
+            positions = torch.tensor([[self.length - 1 + step]], device=self.device)
+            hidden = self.head(embeds, hidden[None], positions, self.cache)[0]  # [1, H]
+            rows.append(self._log_probs(hidden))
+        _truncate(self.cache, self.length)  # chained rows used h', not the target's hidden: never kept
+        log_probs = torch.cat(rows)  # [steps, vocab]
+        if self.top_k is not None and self.top_k < log_probs.shape[-1]:
+            cut = log_probs.topk(self.top_k, dim=-1).values[:, -1:]  # [steps, 1]
+            log_probs = log_probs.masked_fill(log_probs < cut, float("-inf"))
+        return Draft(log_probs)
+
+    def accept(self, verification: Verification, context: TargetOutput) -> None:
+        """Queue the accepted path's pairs (h_{path[i]}, token of path[i + 1]); the last h waits for the bonus."""
+        taps = self._taps(context.taps[list(verification.path)])  # [a, H] path order
+        self._hidden = torch.cat([self._hidden, taps[:-1]])
+        self._tokens += list(verification.tokens[1:])
+        self._last = taps[-1]

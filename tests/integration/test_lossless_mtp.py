@@ -1,0 +1,183 @@
+"""MTP and MTP-tree are lossless: T = 0 gives the target's greedy tokens, T > 0 its distribution.
+
+A random head accepts almost nothing, so each target gets a head fitted to it first (a few
+seconds of distillation on its own greedy text, ``fit_to_target``): multi-token acceptances
+then really happen and the drafter's cache catch-up is exercised. A family is one entry of
+TARGETS (model builder and target wrapper); families whose target support is missing skip.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import MTPDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models import HFTarget, MTPHead
+from ddtree.models.mtp import fit_to_target
+from ddtree.testing import tiny_target
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.verifiers import GreedyVerifier, SamplingVerifier
+
+# The T > 0 helpers (exact distribution, chi-square) of the sampling test, loaded by path: tests/ is no package.
+_SAMPLING_TEST = Path(__file__).with_name("test_lossless_sampling.py")
+_spec = importlib.util.spec_from_file_location("_lossless_sampling", _SAMPLING_TEST)
+_sampling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_sampling)
+
+NEW_TOKENS = 48
+PROMPTS = [(1, 11), (7, 12), (23, 13)]  # (length, seed)
+EXTRA_TRAINING_PROMPTS = 5
+
+
+def _hybrid(**kwargs):
+    from ddtree.models.hybrid import HybridTarget
+    from ddtree.testing import tiny_hybrid_target
+
+    model = tiny_hybrid_target(**kwargs)
+    return model, HybridTarget(model)
+
+
+def _plain(family: str, **kwargs):
+    model = tiny_target(family, **kwargs)
+    return model, HFTarget(model)
+
+
+# family -> builder(**tiny_target kwargs) -> (model, target). Adding a family is one line here.
+TARGETS = {
+    "qwen3": lambda **kw: _plain("qwen3", **kw),
+    "llama": lambda **kw: _plain("llama", **kw),
+    "qwen3_5": _hybrid,
+}
+
+
+def _available(family: str) -> bool:
+    try:
+        with torch.random.fork_rng():  # building seeds torch; collection should not
+            TARGETS[family](num_layers=1)
+        return True
+    except (ImportError, AttributeError, NotImplementedError):
+        return False
+
+
+FAMILY_PARAMS = [pytest.param(f, marks=pytest.mark.skipif(not _available(f), reason=f"no {f} target support"))
+                 for f in TARGETS]
+# name -> (draft steps, tree builder, top_k)
+STRATEGIES = {
+    "mtp1": (1, ChainTreeBuilder(), None),
+    "mtp2": (2, ChainTreeBuilder(), None),
+    "mtp3": (3, ChainTreeBuilder(), None),
+    "mtp5": (5, ChainTreeBuilder(), None),
+    "mtp-tree4": (4, BestFirstTreeBuilder(4), None),
+    "mtp-tree16": (4, BestFirstTreeBuilder(16), None),
+    "mtp-tree16-top2": (4, BestFirstTreeBuilder(16), 2),
+}
+
+
+def _prompt(length: int, seed: int, vocab: int = 90) -> torch.Tensor:
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy(model, prompt: torch.Tensor, new_tokens: int = NEW_TOKENS) -> list[int]:
+    ids = prompt[None]  # an explicit mask: generate would otherwise mask prompt tokens equal to pad
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, prompt.numel():].tolist()
+
+
+def _fit(model, prompts: list[torch.Tensor], temperature: float) -> MTPHead:
+    """A head fitted on the prompts' greedy text."""
+    seqs = [torch.cat([p, torch.tensor(_greedy(model, p))]) for p in prompts]
+    head = MTPHead.for_target(model)
+    fit_to_target(head, model, seqs, steps=100, depth=2, lr=1e-2, temperature=temperature)
+    return head
+
+
+@pytest.fixture(scope="module", params=FAMILY_PARAMS)
+def fitted(request):
+    model, target = TARGETS[request.param]()
+    prompts = [_prompt(n, s) for n, s in PROMPTS] + [_prompt(7, 100 + i) for i in range(EXTRA_TRAINING_PROMPTS)]
+    # A sharpened target suits greedy decoding: the head learns the argmax confidently.
+    return request.param, model, target, _fit(model, prompts, temperature=0.25)
+
+
+def _engine(target, head, steps, tree, top_k=None, verifier=None):
+    drafter = MTPDrafter(head, target, steps=steps, top_k=top_k)
+    return SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), verifier or GreedyVerifier())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_greedy_equals_target(fitted, strategy):
+    family, model, target, head = fitted
+    steps, tree, top_k = STRATEGIES[strategy]
+    engine = _engine(target, head, steps, tree, top_k)
+    taus = []
+    for length, seed in PROMPTS:
+        prompt = _prompt(length, seed)
+        result = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == _greedy(model, prompt), f"{family} {strategy}, prompt length {length}"
+        assert sum(result.acceptance_lengths) + 1 == NEW_TOKENS
+        taus.append(result.mean_acceptance)
+    tau = sum(taus) / len(taus)
+    assert tau > 1.3, f"{family} {strategy}: tau {tau:.2f}, the test needs real multi-token acceptances"
+
+
+def test_zero_steps_is_ar(fitted):
+    family, model, target, head = fitted
+    prompt = _prompt(7, 12)
+    result = _engine(target, head, 0, ChainTreeBuilder()).generate(prompt, max_new_tokens=16)
+    assert result.tokens == _greedy(model, prompt, 16) and result.mean_acceptance == 1.0
+
+
+@pytest.mark.parametrize("strategy", ["mtp3", "mtp-tree16"])
+def test_cache_equals_one_built_from_the_committed_sequence(fitted, strategy):
+    """After any run the drafter's cache is the head fed the committed pairs (h_t, x_{t+1})."""
+    family, model, target, head = fitted
+    steps, tree, top_k = STRATEGIES[strategy]
+    engine = _engine(target, head, steps, tree, top_k)
+    prompt = _prompt(7, 12)
+    result = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+    assert result.mean_acceptance > 1.3
+    drafter = engine.drafter
+    drafter.catch_up()
+    committed = torch.cat([prompt, torch.tensor(result.tokens[:-1])])  # the last token is the unfed bonus
+    with torch.inference_mode():
+        taps = target.prefill(committed).taps  # [N, H] one plain forward over the committed sequence
+        fresh = DynamicCache()
+        embeds = target.embed(committed[1:][None])
+        head(embeds, taps[None, :-1], torch.arange(committed.numel() - 1)[None], fresh)
+    assert drafter.length == committed.numel() - 1
+    for mine, ref in zip(drafter.cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, ref.keys, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(mine.values, ref.values, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(drafter._last, taps[-1], atol=2e-5, rtol=1e-4)  # h of the last token waits
+
+
+# -- T > 0 ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_vocab():
+    model, target = TARGETS["qwen3"](vocab_size=_sampling.VOCAB, seed=1)
+    with torch.no_grad():  # the sampling test's target: a little more peaked, so drafts are accepted
+        model.get_output_embeddings().weight.mul_(3.0)
+    prompts = [_sampling.PROMPT] + [_prompt(5, 200 + i, _sampling.VOCAB) for i in range(7)]
+    return model, target, _fit(model, prompts, temperature=1.0)
+
+
+@pytest.mark.parametrize("name, temperature", [("mtp3", 1.0), ("mtp-tree6", 0.6)])
+def test_first_tokens_follow_the_target_distribution(small_vocab, name, temperature):
+    model, target, head = small_vocab
+    tree = BestFirstTreeBuilder(6) if name == "mtp-tree6" else ChainTreeBuilder()
+    engine = _engine(target, head, 3, tree, verifier=SamplingVerifier(temperature))
+    counts, accepted = {}, 0
+    for seed in range(_sampling.SAMPLES):
+        result = engine.generate(_sampling.PROMPT, max_new_tokens=_sampling.NEW, seed=seed)
+        key = tuple(result.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(length - 1 for length in result.acceptance_lengths)
+    probs = _sampling._exact_distribution(model, temperature)
+    p_value = _sampling._chi_square_p_value(counts, probs, _sampling.SAMPLES)
+    assert p_value > _sampling.ALPHA, f"{name} at T={temperature}: chi-square p = {p_value:.2e}"
+    assert accepted > 0.3 * _sampling.SAMPLES  # only meaningful if drafts are accepted
