@@ -1,0 +1,196 @@
+"""The shipped model pair: a small target, its DFlash drafter and MTP head, in one directory.
+
+    pair/
+      README.md              model card, rendered from metrics.json
+      metrics.json           what the training pipeline measured
+      heldout_prompts.jsonl  code prefixes from held-out modules ({"id", "text"} per line)
+      tokenizer/             tokenizer.json (byte-level BPE; <|endoftext|>, <|pad|>, <|mask|>)
+      target/                a transformers Qwen3ForCausalLM (config.json, model.safetensors)
+      dflash/                z-lab DFlash layout (DFlashDraftModel.from_pretrained)
+      mtp/                   mtp.* layout (MTPHead.from_pretrained)
+
+Every part loads with the decoding side's own loaders; nothing here converts weights.
+
+    >>> pair = load_pair("assets/pair")                       # doctest: +SKIP
+    >>> pair.target.config.num_hidden_layers                  # doctest: +SKIP
+    6
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from ddtree.models.dflash import DFlashDraftModel
+from ddtree.training.tokenizer import load_tokenizer
+
+TARGET, DFLASH, MTP, TOKENIZER = "target", "dflash", "mtp", "tokenizer"
+PROMPTS, METRICS, CARD = "heldout_prompts.jsonl", "metrics.json", "README.md"
+
+
+@dataclass
+class Pair:
+    target: torch.nn.Module  # a transformers causal LM
+    tokenizer: PreTrainedTokenizerFast
+    dflash: DFlashDraftModel | None
+    mtp: torch.nn.Module | None  # ddtree.models.mtp.MTPHead
+    prompts: list[dict]  # held-out code prefixes
+    metrics: dict
+
+
+def load_pair(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Pair:
+    """Load every part present in ``path`` (drafters that are absent are None)."""
+    path = Path(path)
+    if not (path / TARGET / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path} is not a model pair directory (no {TARGET}/config.json); the shipped pair is "
+            "assets/pair, built by experiments/make_shipped_pair.sh"
+        )
+    target = AutoModelForCausalLM.from_pretrained(str(path / TARGET), dtype=dtype, attn_implementation="sdpa")
+    target = target.to(device).eval()
+    dtype = target.get_input_embeddings().weight.dtype
+    dflash = None
+    if (path / DFLASH / "config.json").is_file():
+        dflash = DFlashDraftModel.from_pretrained(path / DFLASH, dtype=dtype, device=device)
+    mtp = None
+    if (path / MTP / "config.json").is_file():
+        from ddtree.models.mtp import MTPHead
+
+        mtp = MTPHead.from_pretrained(path / MTP, dtype=dtype, device=device)
+    return Pair(target, load_tokenizer(path / TOKENIZER), dflash, mtp, read_prompts(path / PROMPTS),
+                read_json(path / METRICS))
+
+
+def save_pair(path: str | Path, target, tokenizer, dflash: DFlashDraftModel | None = None, mtp=None,
+              prompts: list[dict] = (), metrics: dict | None = None) -> Path:
+    """Write a pair directory in the layout above (weights in their current dtype)."""
+    path = Path(path)
+    target.save_pretrained(str(path / TARGET))
+    tokenizer.save_pretrained(str(path / TOKENIZER))
+    if dflash is not None:
+        dflash.save_pretrained(path / DFLASH)
+    if mtp is not None:
+        mtp.save_pretrained(path / MTP)
+    write_prompts(list(prompts), path / PROMPTS)
+    if metrics is not None:
+        write_json(metrics, path / METRICS)
+        (path / CARD).write_text(render_card(metrics))
+    return path
+
+
+TINY_TEXTS = [
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n        self.items.append(x)\n",
+    "import os\n\n\ndef walk(root):\n    for name in os.listdir(root):\n        yield os.path.join(root, name)\n",
+]
+
+
+def tiny_pair(path: str | Path, seed: int = 0) -> Path:
+    """A pair directory of tiny random-weight models and a tiny tokenizer (tests, examples).
+
+    >>> load_pair(tiny_pair(tmp_path)).dflash.config.block_size        # doctest: +SKIP
+    8
+    """
+    from ddtree.models.mtp import MTPHead
+    from ddtree.training.dflash import new_dflash
+    from ddtree.training.lm import TargetSpec, build_target
+    from ddtree.training.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(TINY_TEXTS * 4, vocab_size=300)
+    target = build_target(TargetSpec.tiny(len(tok)), tok.eos_token_id, tok.pad_token_id, seed=seed).eval()
+    dflash = new_dflash(target, tok.mask_token_id, block_size=8, num_layers=1, num_taps=2, seed=seed).eval()
+    mtp = MTPHead.for_target(target, seed=seed)
+    prompts = [{"id": f"tiny:{i}", "text": text} for i, text in enumerate(TINY_TEXTS)]
+    return save_pair(path, target, tok, dflash, mtp, prompts)
+
+
+def read_prompts(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_prompts(prompts: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), encoding="utf-8")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_json(data: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def weight_bytes(path: Path) -> int:
+    """Bytes of every safetensors file under ``path``."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*.safetensors"))
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return "n/a" if value is None else str(value)
+
+
+def render_card(m: dict) -> str:
+    """The model card: every number comes from the pipeline's ``metrics.json``."""
+    corpus, tgt, reg = m.get("corpus", {}), m.get("target", {}), m.get("regenerate", {})
+    dfl, mtp, env = m.get("dflash", {}), m.get("mtp", {}), m.get("environment", {})
+    lines = [
+        "# ddtree shipped pair: a small code LM with its DFlash drafter and MTP head",
+        "",
+        "A tiny target trained from scratch so that speculative decoding can be run and measured on",
+        "a CPU with real (not random) models. It continues Python code; it does not solve tasks.",
+        "",
+        "## Data",
+        f"- Corpus: the Python standard library source ({_fmt(corpus.get('source'))}), tests and generated",
+        f"  tables excluded; {_fmt(corpus.get('train_files'))} training files ({_fmt(corpus.get('train_tokens'))} tokens),",
+        f"  {_fmt(corpus.get('heldout_files'))} held-out modules ({_fmt(corpus.get('heldout_tokens'))} tokens): every module",
+        "  whose sha256(name) falls in a 5 % bucket (`ddtree.training.corpus.is_heldout`).",
+        f"- Tokenizer: byte-level BPE, {_fmt(m.get('tokenizer', {}).get('vocab_size'))} tokens, trained on the training split.",
+        f"- Drafter data: {_fmt(reg.get('sequences'))} responses regenerated by the target itself "
+        f"({_fmt(reg.get('prompt_tokens'))}-token corpus prompts, {_fmt(reg.get('new_tokens'))} new tokens,",
+        f"  temperatures {_fmt(reg.get('temperatures'))}).",
+        "",
+        "## Models",
+        "| part | parameters | steps | wall time (s) | final loss | format |",
+        "|---|---|---|---|---|---|",
+        f"| target (Qwen3, {_fmt(tgt.get('layers'))} layers, hidden {_fmt(tgt.get('hidden_size'))}) | "
+        f"{_fmt(tgt.get('parameters'))} | {_fmt(tgt.get('steps'))} | {_fmt(tgt.get('seconds'), 1)} | "
+        f"{_fmt(tgt.get('final_loss'), 3)} | transformers |",
+        f"| DFlash drafter (block {_fmt(dfl.get('block_size'))}, {_fmt(dfl.get('layers'))} layers, "
+        f"taps {_fmt(dfl.get('taps'))}) | {_fmt(dfl.get('parameters'))} | {_fmt(dfl.get('steps'))} | "
+        f"{_fmt(dfl.get('seconds'), 1)} | {_fmt(dfl.get('final_loss'), 3)} | z-lab DFlash |",
+        f"| MTP head ({_fmt(mtp.get('depth'))} chained steps trained) | {_fmt(mtp.get('parameters'))} | "
+        f"{_fmt(mtp.get('steps'))} | {_fmt(mtp.get('seconds'), 1)} | {_fmt(mtp.get('final_loss'), 3)} | mtp.* |",
+        "",
+        f"Held-out perplexity of the target: **{_fmt(tgt.get('heldout_perplexity'))}** "
+        f"(windows of {_fmt(tgt.get('seq_len'))} tokens; kept step {_fmt(tgt.get('best_step'))}).",
+        f"Weights: {_fmt(m.get('weight_megabytes'))} MB of {_fmt(m.get('weight_dtype'))} safetensors.",
+        "",
+        "## Measured acceptance (tau, bonus token included)",
+        f"On {_fmt(m.get('tau_setup', {}).get('prompts'))} held-out prompts, "
+        f"{_fmt(m.get('tau_setup', {}).get('max_new_tokens'))} new tokens, {_fmt(env.get('device'))}:",
+        "",
+        "| strategy | T = 0 | T = 1 |",
+        "|---|---|---|",
+    ]
+    taus: dict[str, dict[str, float]] = {}
+    for row in m.get("tau", []):
+        taus.setdefault(row["strategy"], {})[str(row["temperature"])] = row["tau"]
+    for name, by_t in taus.items():
+        lines.append(f"| {name} | {_fmt(by_t.get('0.0'))} | {_fmt(by_t.get('1.0'))} |")
+    lines += [
+        "",
+        f"Pipeline wall time {_fmt(m.get('wall_seconds'), 1)} s; torch {_fmt(env.get('torch'))}, "
+        f"transformers {_fmt(env.get('transformers'))}. Rebuild: `experiments/make_shipped_pair.sh` (seeded).",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,271 @@
+"""Build the shipped pair from the corpus: tokenizer, target, regenerated data, DFlash, MTP, card.
+
+Each stage reads its inputs from the work directory and writes its outputs there, ending with
+a small ``stage_<name>.json`` record; a stage whose record exists is skipped, so an
+interrupted run resumes where it stopped. Every stage is seeded and runs under a time budget
+capped by the run's deadline, so the whole pipeline cannot overrun one device call.
+
+    >>> run_pipeline(PipelineConfig(corpus=Path(".corpus/stdlib.jsonl"), work=Path("/tmp/pair")))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import transformers
+
+from ddtree.training import corpus as corpus_lib
+from ddtree.training import pair as pair_lib
+from ddtree.training.bench import benchmark, format_table, strategies
+from ddtree.training.dflash import DFlashTrainConfig, new_dflash, train_dflash
+from ddtree.training.lm import LMTrainConfig, TargetSpec, build_target, mean_nll, token_stream, train_target
+from ddtree.training.loop import Budget
+from ddtree.training.mtp import MTPTrainConfig, train_mtp
+from ddtree.training.sequences import SequenceSet, prompt_windows, regenerate
+from ddtree.training.tokenizer import encode_documents, load_tokenizer, train_tokenizer
+
+STAGES = ("tokenizer", "target", "regenerate", "dflash", "mtp", "evaluate")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    corpus: Path  # the corpus JSONL (experiments/build_corpus.py)
+    work: Path  # intermediates, and the pair itself under work/pair
+    assets: Path | None = None  # a committed tokenizer/ and heldout_prompts.jsonl to reuse, if any
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    deadline_seconds: float = 480.0  # the whole run; later stages' budgets are reserved from it
+    stages: tuple[str, ...] = STAGES
+    vocab_size: int = 8192
+    target: TargetSpec = TargetSpec()
+    lm: LMTrainConfig = LMTrainConfig()
+    target_budget: Budget = Budget(max_steps=2500, max_seconds=110)
+    regen_prompts: int = 4096
+    prompt_tokens: int = 64
+    new_tokens: int = 320
+    regen_batch: int = 512
+    temperatures: tuple[float, ...] = (0.0, 1.0)  # the prompts are split evenly between them
+    regen_seconds: float = 45
+    block_size: int = 16
+    dflash_layers: int = 2
+    dflash_taps: int = 3
+    dflash: DFlashTrainConfig = DFlashTrainConfig()
+    dflash_budget: Budget = Budget(max_steps=20_000, max_seconds=100)
+    mtp: MTPTrainConfig = MTPTrainConfig()
+    mtp_budget: Budget = Budget(max_steps=10_000, max_seconds=45)
+    heldout_prompts: int = 16
+    tau_new_tokens: int = 96
+    tau_seconds: float = 50
+    tau_budgets: tuple[int, ...] = (16, 32, 64)
+    seed: int = 0
+
+    @property
+    def pair(self) -> Path:
+        return self.work / "pair"
+
+    def dtype(self) -> torch.dtype:
+        """The shipped precision: bf16 (CPU runs keep float32, which CPU kernels prefer)."""
+        return torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32
+
+
+class Run:
+    """Shared state of one pipeline run: config, clock, log, and the corpus once read."""
+
+    def __init__(self, cfg: PipelineConfig, log: Callable[[str], None]) -> None:
+        self.cfg, self.log, self.start = cfg, log, time.perf_counter()
+        self._docs: list[corpus_lib.Document] | None = None
+        self._streams: dict[str, torch.Tensor] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def seconds(self, wanted: float, *later: float) -> float:
+        """``wanted`` seconds, cut so that the ``later`` stages' seconds (unbounded ones count 0) stay."""
+        reserve = sum(t for t in later if math.isfinite(t))
+        left = self.cfg.deadline_seconds - self.elapsed() - reserve
+        return max(min(wanted, left), 5.0)
+
+    def docs(self) -> list[corpus_lib.Document]:
+        if self._docs is None:
+            self._docs = corpus_lib.read_corpus(self.cfg.corpus)
+        return self._docs
+
+    def stream(self, split: str) -> torch.Tensor:
+        """The split's documents tokenised into one ``[N]`` stream (cached on disk)."""
+        if split not in self._streams:
+            file = self.cfg.work / f"tokens_{split}.pt"
+            if file.is_file():
+                self._streams[split] = torch.load(file)
+            else:
+                tok = load_tokenizer(self.cfg.pair / pair_lib.TOKENIZER)
+                ids = token_stream(encode_documents(tok, corpus_lib.split_texts(self.docs(), split)))
+                torch.save(ids, file)
+                self._streams[split] = ids
+        return self._streams[split]
+
+    def target(self, dtype: torch.dtype | None = None):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(self.cfg.pair / pair_lib.TARGET), dtype=dtype or self.cfg.dtype(),
+                                                     attn_implementation="sdpa")
+        return model.to(self.cfg.device).eval()
+
+
+def _params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def stage_tokenizer(run: Run) -> dict:
+    cfg, out = run.cfg, run.cfg.pair / pair_lib.TOKENIZER
+    committed = cfg.assets / pair_lib.TOKENIZER if cfg.assets else None
+    if committed is not None and (committed / "tokenizer.json").is_file():
+        shutil.copytree(committed, out, dirs_exist_ok=True)
+        source = str(committed)
+    else:
+        train_tokenizer(corpus_lib.split_texts(run.docs(), "train"), cfg.vocab_size).save_pretrained(str(out))
+        source = "trained"
+    prompts = cfg.assets / pair_lib.PROMPTS if cfg.assets else None
+    if prompts is not None and prompts.is_file():
+        shutil.copy(prompts, cfg.pair / pair_lib.PROMPTS)
+    else:
+        heldout = [d for d in run.docs() if d.split == "heldout"]
+        pair_lib.write_prompts(corpus_lib.code_prefixes(heldout, cfg.heldout_prompts, seed=cfg.seed),
+                               cfg.pair / pair_lib.PROMPTS)
+    return {"vocab_size": len(load_tokenizer(out)), "source": source}
+
+
+def stage_target(run: Run) -> dict:
+    cfg = run.cfg
+    tok = load_tokenizer(cfg.pair / pair_lib.TOKENIZER)
+    spec = dataclasses.replace(cfg.target, vocab_size=len(tok))
+    model = build_target(spec, tok.eos_token_id, tok.pad_token_id, seed=cfg.seed).to(cfg.device)
+    seconds = run.seconds(cfg.target_budget.max_seconds, cfg.regen_seconds, cfg.dflash_budget.max_seconds,
+                          cfg.mtp_budget.max_seconds, cfg.tau_seconds, 40)  # 40 s: loading, saving, eval
+    budget = dataclasses.replace(cfg.target_budget, max_seconds=seconds)
+    run.log(f"  target: {_params(model) / 1e6:.2f}M parameters, {budget.max_seconds:.0f}s budget")
+    result = train_target(model, run.stream("train"), run.stream("heldout"), cfg.lm, budget, log=run.log)
+    model.to(cfg.dtype()).save_pretrained(str(cfg.pair / pair_lib.TARGET))
+    return {"parameters": _params(model), "steps": result.train.steps, "seconds": result.train.seconds,
+            "final_loss": result.train.losses[-1], "best_step": result.best_step, "seq_len": cfg.lm.seq_len,
+            "batch_size": cfg.lm.batch_size, "layers": spec.num_hidden_layers, "hidden_size": spec.hidden_size,
+            "heldout_history": result.history}
+
+
+def stage_regenerate(run: Run) -> dict:
+    cfg = run.cfg
+    model, tok = run.target(), load_tokenizer(cfg.pair / pair_lib.TOKENIZER)
+    prompts = prompt_windows(run.stream("train"), cfg.regen_prompts, cfg.prompt_tokens, seed=cfg.seed)
+    seconds = run.seconds(cfg.regen_seconds, cfg.dflash_budget.max_seconds, cfg.mtp_budget.max_seconds,
+                          cfg.tau_seconds, 25)
+    torch.manual_seed(cfg.seed)
+    parts = []
+    for temperature, chunk in zip(cfg.temperatures, prompts.chunk(len(cfg.temperatures))):
+        run.log(f"  temperature {temperature}: {chunk.shape[0]} prompts")
+        parts.append(regenerate(model, chunk, cfg.new_tokens, tok.eos_token_id, tok.pad_token_id, cfg.regen_batch,
+                                temperature, seconds / len(cfg.temperatures), log=run.log))
+    data = SequenceSet(torch.cat([p.ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
+    data.save(cfg.work / "regenerated.safetensors")
+    return {"sequences": len(data), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
+            "temperatures": list(cfg.temperatures), "response_tokens": int(data.loss_mask.sum())}
+
+
+def stage_dflash(run: Run) -> dict:
+    cfg = run.cfg
+    model, tok = run.target(), load_tokenizer(cfg.pair / pair_lib.TOKENIZER)
+    data = SequenceSet.load(cfg.work / "regenerated.safetensors")
+    drafter = new_dflash(model, tok.mask_token_id, cfg.block_size, cfg.dflash_layers, cfg.dflash_taps, cfg.seed)
+    drafter = drafter.to(cfg.device, torch.float32)
+    seconds = run.seconds(cfg.dflash_budget.max_seconds, cfg.mtp_budget.max_seconds, cfg.tau_seconds, 15)
+    budget = dataclasses.replace(cfg.dflash_budget, max_seconds=seconds)
+    result = train_dflash(drafter, model, data, cfg.dflash, budget, log=run.log)
+    drafter.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.DFLASH)
+    return {"parameters": _params(drafter), "steps": result.steps, "seconds": result.seconds,
+            "final_loss": result.losses[-1], "block_size": cfg.block_size, "layers": cfg.dflash_layers,
+            "taps": list(drafter.config.target_layer_ids), "anchors": cfg.dflash.anchors}
+
+
+def stage_mtp(run: Run) -> dict:
+    from ddtree.models.mtp import MTPHead
+
+    cfg = run.cfg
+    model = run.target()
+    data = SequenceSet.load(cfg.work / "regenerated.safetensors")
+    head = MTPHead.for_target(model, seed=cfg.seed).to(cfg.device, torch.float32)
+    budget = dataclasses.replace(cfg.mtp_budget, max_seconds=run.seconds(cfg.mtp_budget.max_seconds, cfg.tau_seconds, 10))
+    result = train_mtp(head, model, data, cfg.mtp, budget, log=run.log)
+    head.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.MTP)
+    return {"parameters": _params(head), "steps": result.steps, "seconds": result.seconds,
+            "final_loss": result.losses[-1], "depth": cfg.mtp.depth}
+
+
+def stage_evaluate(run: Run) -> dict:
+    cfg = run.cfg
+    pair = pair_lib.load_pair(cfg.pair, device=cfg.device, dtype=cfg.dtype())
+    nll = mean_nll(pair.target, run.stream("heldout"), cfg.lm.seq_len)
+    run.log(f"  held-out perplexity {math.exp(nll):.2f}")
+    prompts = [pair.tokenizer.encode(p["text"]) for p in pair.prompts]
+    plan = strategies(pair.dflash, pair.mtp, cfg.tau_budgets)
+    rows = benchmark(pair.target, plan, prompts, (0.0, 1.0), cfg.tau_new_tokens, seed=cfg.seed,
+                     max_seconds=run.seconds(cfg.tau_seconds, 5), log=run.log)
+    run.log(format_table(rows, "held-out prompts"))
+    return {"heldout_perplexity": math.exp(nll), "tau": [dataclasses.asdict(r) for r in rows],
+            "tau_setup": {"prompts": rows[0].responses, "max_new_tokens": cfg.tau_new_tokens}}
+
+
+STAGE_FUNCTIONS = {"tokenizer": stage_tokenizer, "target": stage_target, "regenerate": stage_regenerate,
+                   "dflash": stage_dflash, "mtp": stage_mtp, "evaluate": stage_evaluate}
+
+
+def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the configured stages (skipping finished ones); returns the pair's metrics."""
+    unknown = set(cfg.stages) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    cfg.pair.mkdir(parents=True, exist_ok=True)
+    run = Run(cfg, log)
+    torch.manual_seed(cfg.seed)
+    for name in cfg.stages:
+        record = cfg.work / f"stage_{name}.json"
+        if record.is_file():
+            log(f"[{name}] done before, skipped ({record})")
+            continue
+        log(f"[{name}] start at {run.elapsed():.1f}s")
+        begin = time.perf_counter()
+        out = STAGE_FUNCTIONS[name](run)
+        out["stage_seconds"] = time.perf_counter() - begin
+        pair_lib.write_json(out, record)
+        log(f"[{name}] done in {out['stage_seconds']:.1f}s (total {run.elapsed():.1f}s)")
+    return write_card(run)
+
+
+def write_card(run: Run) -> dict:
+    """Gather the stage records into metrics.json and render README.md from it."""
+    cfg = run.cfg
+    rec = {name: pair_lib.read_json(cfg.work / f"stage_{name}.json") for name in STAGES}
+    docs = run.docs()
+    meta = pair_lib.read_json(corpus_lib.meta_path(cfg.corpus))
+    metrics = {
+        "corpus": {"source": meta.get("source", str(cfg.corpus.name)),
+                   "train_files": sum(d.split == "train" for d in docs),
+                   "heldout_files": sum(d.split == "heldout" for d in docs),
+                   "train_tokens": int(run.stream("train").numel()), "heldout_tokens": int(run.stream("heldout").numel()),
+                   "heldout_modules": [d.module for d in docs if d.split == "heldout"]},
+        "tokenizer": rec["tokenizer"],
+        "target": {**rec["target"], "heldout_perplexity": rec["evaluate"].get("heldout_perplexity")},
+        "regenerate": rec["regenerate"], "dflash": rec["dflash"], "mtp": rec["mtp"],
+        "tau": rec["evaluate"].get("tau", []), "tau_setup": rec["evaluate"].get("tau_setup", {}),
+        "weight_megabytes": pair_lib.weight_bytes(cfg.pair) / 1e6,
+        "weight_dtype": str(cfg.dtype()).removeprefix("torch."),
+        "wall_seconds": sum(r.get("stage_seconds", 0.0) for r in rec.values()),
+        "environment": {"device": torch.cuda.get_device_name() if torch.device(cfg.device).type == "cuda" else "CPU",
+                        "torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    pair_lib.write_json(metrics, cfg.pair / pair_lib.METRICS)
+    (cfg.pair / pair_lib.CARD).write_text(pair_lib.render_card(metrics))
+    return metrics

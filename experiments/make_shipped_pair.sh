@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Build the shipped model pair on one GPU and pack it into $OUT (one H200: about 7 minutes).
+#
+#   bash experiments/make_shipped_pair.sh          # on the GPU machine; carry .corpus/
+#
+# Stages (each skipped when its record exists in $WORK, each with a time budget under one
+# deadline): tokenizer (the committed one is copied), target, regenerate, dflash, mtp, evaluate.
+# Environment: OUT (required: receives the pack), CORPUS (.corpus/stdlib.jsonl),
+# WORK (.pair_work), PRESET (h200 | smoke), DEADLINE (480 s), PYTHON (python3).
+# Extra arguments go to experiments/shipped_pair.py (e.g. --target-seconds 120, --device cpu).
+#
+# The pair comes back as pair.tar.part-NN chunks of at most 15 MiB (the device tool returns
+# at most 8 files of 16 MiB), plus README.md (the model card), metrics.json and the log.
+# Unpack into the repository with:  cat pair.tar.part-* | tar -xf - -C assets/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+: "${OUT:?set OUT to the folder that receives the packed pair}"
+CORPUS=${CORPUS:-.corpus/stdlib.jsonl}
+WORK=${WORK:-.pair_work}  # git-ignored; kept on a warm device machine, so a rerun resumes
+mkdir -p "$OUT" "$WORK"
+
+"${PYTHON:-python3}" experiments/shipped_pair.py --corpus "$CORPUS" --work "$WORK" \
+    --preset "${PRESET:-h200}" --deadline "${DEADLINE:-480}" "$@" 2>&1 | tee "$OUT/pipeline.log"
+
+tar -C "$WORK" -cf - pair | split -b 15m -d - "$OUT/pair.tar.part-"
+cp "$WORK/pair/README.md" "$WORK/pair/metrics.json" "$OUT/"
+ls -l "$OUT"
+echo "unpack with: cat pair.tar.part-* | tar -xf - -C assets/"

@@ -1,0 +1,73 @@
+"""The pair directory: every part reloads through the decoding side with identical outputs."""
+
+import json
+
+import pytest
+import torch
+
+from ddtree.drafters import DFlashDrafter
+from ddtree.drafters.mtp import MTPDrafter
+from ddtree.models import DFlashDraftModel, HFTarget
+from ddtree.models.mtp import MTPHead
+from ddtree.training.pair import load_pair, render_card, save_pair, tiny_pair
+
+
+def _drafts(model, dflash, mtp, prompt):
+    """Target logits, one DFlash draft and one MTP draft after ``prompt``."""
+    target = HFTarget(model)
+    out = {}
+    for name, drafter in (("dflash", DFlashDrafter(dflash, target)), ("mtp", MTPDrafter(mtp, target, 3))):
+        target.set_taps(drafter.hidden_layers)
+        prefill = target.prefill(prompt)
+        drafter.reset(prefill)
+        out[name] = drafter.draft(int(prefill.logits[-1].argmax())).log_probs
+        out["logits"] = prefill.logits
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saved_pair_reloads_with_identical_outputs(tmp_path, dtype):
+    pair = load_pair(tiny_pair(tmp_path / "a"), dtype=dtype)
+    save_pair(tmp_path / "b", pair.target, pair.tokenizer, pair.dflash, pair.mtp, pair.prompts, metrics={})
+    again = load_pair(tmp_path / "b")
+    assert again.target.dtype == dtype and next(again.dflash.parameters()).dtype == dtype
+    assert next(again.mtp.parameters()).dtype == dtype
+    prompt = torch.tensor(pair.tokenizer.encode(pair.prompts[0]["text"]))
+    before = _drafts(pair.target, pair.dflash, pair.mtp, prompt)
+    after = _drafts(again.target, again.dflash, again.mtp, prompt)
+    for key in before:
+        assert torch.equal(before[key], after[key]), key
+    # The parts load with the decoding side's own loaders, unchanged.
+    assert isinstance(DFlashDraftModel.from_pretrained(tmp_path / "b" / "dflash"), DFlashDraftModel)
+    assert isinstance(MTPHead.from_pretrained(tmp_path / "b" / "mtp"), MTPHead)
+    assert again.prompts == pair.prompts and again.tokenizer.mask_token_id == pair.dflash.config.mask_token_id
+
+
+def test_missing_drafters_are_none_and_a_bad_path_is_clear(tmp_path):
+    pair = load_pair(tiny_pair(tmp_path / "a"))
+    save_pair(tmp_path / "b", pair.target, pair.tokenizer)
+    assert load_pair(tmp_path / "b").dflash is None and load_pair(tmp_path / "b").mtp is None
+    with pytest.raises(FileNotFoundError, match="not a model pair directory"):
+        load_pair(tmp_path / "nothing")
+
+
+def test_card_is_rendered_from_measured_values():
+    metrics = {
+        "corpus": {"source": "CPython 3.11.7 Lib/", "train_files": 584, "heldout_files": 24, "train_tokens": 2448569,
+                   "heldout_tokens": 69695},
+        "tokenizer": {"vocab_size": 8192},
+        "target": {"parameters": 12588672, "steps": 2000, "seconds": 150.5, "final_loss": 1.234, "heldout_perplexity": 7.89,
+                   "layers": 6, "hidden_size": 384, "seq_len": 512, "best_step": 1800},
+        "regenerate": {"sequences": 4096, "prompt_tokens": 64, "new_tokens": 320, "temperatures": [0.0, 1.0]},
+        "dflash": {"parameters": 3590656, "steps": 4000, "seconds": 110.0, "final_loss": 2.5, "block_size": 16,
+                   "layers": 2, "taps": [1, 2, 3]},
+        "mtp": {"parameters": 1869824, "steps": 900, "seconds": 45.0, "final_loss": 1.9, "depth": 3},
+        "tau": [{"strategy": "dflash", "temperature": 0.0, "tau": 4.321}, {"strategy": "dflash", "temperature": 1.0, "tau": 3.2}],
+        "tau_setup": {"prompts": 8, "max_new_tokens": 128}, "weight_megabytes": 35.9, "weight_dtype": "bfloat16", "wall_seconds": 420.0,
+        "environment": {"device": "NVIDIA H200", "torch": "2.11.0", "transformers": "5.17.0"},
+    }
+    card = render_card(metrics)
+    for text in ("7.89", "| dflash | 4.32 | 3.20 |", "12588672", "2448569", "NVIDIA H200", "35.90 MB of bfloat16", "block 16"):
+        assert text in card, text
+    assert "n/a" not in card
+    json.dumps(metrics)
