@@ -95,6 +95,7 @@ class SpeculativeEngine:
         """Decode one prompt. Tokens stop after the first stop token or ``max_new_tokens``."""
         ids = self._check(input_ids, max_new_tokens)
         target, drafter, timer = self.target, self.drafter, StageTimer(self.timer_sync)
+        target.set_taps(drafter.hidden_layers)  # engines may share a target: taps are per drafter
         generator = torch.Generator(device=target.output_device).manual_seed(seed)
 
         # Prefill, and the first token by the target's own rule (a root-only verify).

@@ -54,7 +54,7 @@ class StaticTarget(HFTarget):
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
-            self._graphs.clear()  # a graph replays the taps it was recorded with
+            self._graphs.clear()  # a graph replays the taps it was recorded with (no-op if unchanged)
         super().set_taps(layers)
 
     def new_cache(self) -> StaticCache:

@@ -56,6 +56,8 @@ class HFTarget:
     # -- hidden taps -------------------------------------------------------------------------
     def set_taps(self, layers: Sequence[int]) -> None:
         """Capture these layers' outputs on every forward (see ``ddtree.types.FINAL_NORM``)."""
+        if tuple(layers) == self._taps and (self._hooks or not layers):
+            return
         n_layers = len(self.layers)
         for layer in layers:
             if layer != FINAL_NORM and not 0 <= layer < n_layers:

@@ -83,3 +83,16 @@ def test_max_new_tokens_is_exact(tiny_models, max_new):
     target = HFTarget(model)
     engine = SpeculativeEngine(target, OracleDrafter(model, depth=7), BestFirstTreeBuilder(16), DenseMaskCompiler(), GreedyVerifier())
     assert engine.generate(prompt, max_new_tokens=max_new).tokens == _greedy_reference(model, prompt, max_new)
+
+
+def test_engines_sharing_a_target_keep_their_own_taps(tiny_models):
+    """A DFlash engine built before an MTP-less AR engine still gets its taps when it runs."""
+    model = tiny_models["qwen3"]
+    prompt = _prompt(6, seed=4)
+    target = HFTarget(model)
+    dflash = SpeculativeEngine(target, DFlashDrafter(tiny_dflash(model), target), BestFirstTreeBuilder(8),
+                               DenseMaskCompiler(), GreedyVerifier())
+    ar = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
+    expected = _greedy_reference(model, prompt, 16)
+    assert ar.generate(prompt, max_new_tokens=16).tokens == expected
+    assert dflash.generate(prompt, max_new_tokens=16).tokens == expected
