@@ -147,3 +147,56 @@ def tiny_mtp_drafter(target, steps: int = 3, seed: int = 0):
     from ddtree.models.mtp import MTPHead
 
     return MTPDrafter(MTPHead.for_target(target.model, seed=seed), target, steps=steps)
+
+
+# -- the distribution check of the T > 0 tests ------------------------------------------------
+# A target with a 4-token vocabulary has 64 possible 3-token continuations of a fixed prompt:
+# their exact probabilities are enumerated, and a chi-square test compares them with what a
+# strategy samples over many seeds (false-alarm rate CHECK_ALPHA for a correct sampler).
+CHECK_VOCAB, CHECK_NEW, CHECK_ALPHA = 4, 3, 1e-3
+CHECK_PROMPT = torch.tensor([1, 3, 0, 2, 2])
+
+
+@torch.no_grad()
+def continuation_distribution(model, prompt: torch.Tensor, new_tokens: int, temperature: float) -> dict:
+    """Exact probability of every ``new_tokens``-token continuation under ``model`` at ``temperature``."""
+    import itertools
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    seqs = list(itertools.product(range(vocab), repeat=new_tokens))
+    ids = torch.cat([prompt.expand(len(seqs), -1), torch.tensor(seqs)], dim=1)
+    logp = torch.log_softmax(model(ids).logits.double() / temperature, dim=-1)
+    n = prompt.numel()
+    picked = logp[:, n - 1 : n - 1 + new_tokens].gather(-1, torch.tensor(seqs)[..., None])[..., 0]  # [S, new]
+    return {seq: float(p) for seq, p in zip(seqs, picked.sum(-1).exp())}
+
+
+def sample_continuations(engine, prompt: torch.Tensor, new_tokens: int, samples: int) -> tuple[dict, int]:
+    """Counts of the continuations ``engine`` generates for seeds 0..samples-1, and the number of
+    accepted draft tokens (a check is only meaningful if drafts were accepted)."""
+    counts, accepted = {}, 0
+    for seed in range(samples):
+        result = engine.generate(prompt, max_new_tokens=new_tokens, seed=seed)
+        key = tuple(result.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(length - 1 for length in result.acceptance_lengths)
+    return counts, accepted
+
+
+def chi_square_p_value(counts: dict, probs: dict, total: int) -> float:
+    """Goodness of fit of ``counts`` to ``probs``; cells expecting fewer than 5 are merged."""
+    observed, expected, small_o, small_e = [], [], 0.0, 0.0
+    for cell, p in probs.items():
+        if p * total >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(p * total)
+        else:
+            small_o += counts.get(cell, 0)
+            small_e += p * total
+    if small_e > 0:
+        observed.append(small_o)
+        expected.append(small_e)
+    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    stat = ((o - e) ** 2 / e).sum()
+    dof = torch.tensor((len(observed) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))

@@ -6,7 +6,6 @@ danger is real: a crop-based rollback, which leaves the GDN recurrent state hold
 tokens, changes the output, so these tests would catch a regression to ``crop``.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,15 +19,12 @@ from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, HybridTarget
-from ddtree.testing import tiny_dflash, tiny_hybrid_target
+from ddtree.testing import (CHECK_ALPHA, CHECK_NEW, CHECK_PROMPT, CHECK_VOCAB, chi_square_p_value,
+                            continuation_distribution, sample_continuations, tiny_dflash, tiny_hybrid_target)
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier, SamplingVerifier
 
 # The chi-square helper of the attention-only test (tests/ is not a package: load it by path).
-_spec = importlib.util.spec_from_file_location("_sampling", Path(__file__).with_name("test_lossless_sampling.py"))
-_sampling = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_sampling)
-_chi_square_p_value, _exact_distribution = _sampling._chi_square_p_value, _sampling._exact_distribution
 
 NEW_TOKENS = 64
 PROMPT_LENGTHS = (1, 7, 23)
@@ -36,14 +32,6 @@ ORACLE_BUDGETS = (1, 2, 7, 16, 64, 256)
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread. With two, every op waits at an OpenMP barrier for a core
-    that other processes hold, which made these tests ~100x slower on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +121,7 @@ def test_crop_rollback_changes_the_output(model):
 
 
 # The same 4-token vocabulary, prompt and 3-token continuations as test_lossless_sampling.
-VOCAB, NEW, PROMPT, ALPHA = _sampling.VOCAB, _sampling.NEW, _sampling.PROMPT, _sampling.ALPHA
+VOCAB, NEW, PROMPT, ALPHA = CHECK_VOCAB, CHECK_NEW, CHECK_PROMPT, CHECK_ALPHA
 SAMPLES = 600
 
 
@@ -151,12 +139,8 @@ def test_first_tokens_follow_the_target_distribution(small_vocab_model, name, te
     drafter = NullDrafter() if name == "ar" else OracleDrafter(model, depth=NEW - 1, sharpness=2.0)
     tree = ChainTreeBuilder() if name == "ar" else BestFirstTreeBuilder(6)
     engine = SpeculativeEngine(HybridTarget(model), drafter, tree, DenseMaskCompiler(), SamplingVerifier(temperature))
-    counts, accepted = {}, 0
-    for seed in range(SAMPLES):
-        result = engine.generate(PROMPT, max_new_tokens=NEW, seed=seed)
-        counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
-        accepted += sum(length - 1 for length in result.acceptance_lengths)
-    p_value = _chi_square_p_value(counts, _exact_distribution(model, temperature), SAMPLES)
+    counts, accepted = sample_continuations(engine, PROMPT, NEW, SAMPLES)
+    p_value = chi_square_p_value(counts, continuation_distribution(model, PROMPT, NEW, temperature), SAMPLES)
     assert p_value > ALPHA, f"{name} at T={temperature}: chi-square p = {p_value:.2e}"
     if name != "ar":  # only meaningful if drafts are accepted
         assert accepted > 0.3 * SAMPLES

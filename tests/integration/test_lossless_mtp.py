@@ -6,8 +6,6 @@ then really happen and the drafter's cache catch-up is exercised. A family is on
 TARGETS (model builder and target wrapper); families whose target support is missing skip.
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,15 +16,12 @@ from ddtree.drafters import MTPDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, MTPHead
 from ddtree.models.mtp import fit_to_target
-from ddtree.testing import tiny_target
+from ddtree.testing import (CHECK_ALPHA, CHECK_NEW, CHECK_PROMPT, CHECK_VOCAB, chi_square_p_value,
+                            continuation_distribution, sample_continuations, tiny_target)
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier, SamplingVerifier
 
 # The T > 0 helpers (exact distribution, chi-square) of the sampling test, loaded by path: tests/ is no package.
-_SAMPLING_TEST = Path(__file__).with_name("test_lossless_sampling.py")
-_spec = importlib.util.spec_from_file_location("_lossless_sampling", _SAMPLING_TEST)
-_sampling = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_sampling)
 
 NEW_TOKENS = 48
 PROMPTS = [(1, 11), (7, 12), (23, 13)]  # (length, seed)
@@ -156,13 +151,16 @@ def test_cache_equals_one_built_from_the_committed_sequence(fitted, strategy):
     torch.testing.assert_close(drafter._last, taps[-1], atol=2e-5, rtol=1e-4)  # h of the last token waits
 
 
+SAMPLES = 1200  # as the sampling test
+
+
 # -- T > 0 ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_vocab():
-    model, target = TARGETS["qwen3"](vocab_size=_sampling.VOCAB, seed=1)
+    model, target = TARGETS["qwen3"](vocab_size=CHECK_VOCAB, seed=1)
     with torch.no_grad():  # the sampling test's target: a little more peaked, so drafts are accepted
         model.get_output_embeddings().weight.mul_(3.0)
-    prompts = [_sampling.PROMPT] + [_prompt(5, 200 + i, _sampling.VOCAB) for i in range(7)]
+    prompts = [CHECK_PROMPT] + [_prompt(5, 200 + i, CHECK_VOCAB) for i in range(7)]
     return model, target, _fit(model, prompts, temperature=1.0)
 
 
@@ -171,13 +169,8 @@ def test_first_tokens_follow_the_target_distribution(small_vocab, name, temperat
     model, target, head = small_vocab
     tree = BestFirstTreeBuilder(6) if name == "mtp-tree6" else ChainTreeBuilder()
     engine = _engine(target, head, 3, tree, verifier=SamplingVerifier(temperature))
-    counts, accepted = {}, 0
-    for seed in range(_sampling.SAMPLES):
-        result = engine.generate(_sampling.PROMPT, max_new_tokens=_sampling.NEW, seed=seed)
-        key = tuple(result.tokens)
-        counts[key] = counts.get(key, 0) + 1
-        accepted += sum(length - 1 for length in result.acceptance_lengths)
-    probs = _sampling._exact_distribution(model, temperature)
-    p_value = _sampling._chi_square_p_value(counts, probs, _sampling.SAMPLES)
-    assert p_value > _sampling.ALPHA, f"{name} at T={temperature}: chi-square p = {p_value:.2e}"
-    assert accepted > 0.3 * _sampling.SAMPLES  # only meaningful if drafts are accepted
+    counts, accepted = sample_continuations(engine, CHECK_PROMPT, CHECK_NEW, SAMPLES)
+    probs = continuation_distribution(model, CHECK_PROMPT, CHECK_NEW, temperature)
+    p_value = chi_square_p_value(counts, probs, SAMPLES)
+    assert p_value > CHECK_ALPHA, f"{name} at T={temperature}: chi-square p = {p_value:.2e}"
+    assert accepted > 0.3 * SAMPLES  # only meaningful if drafts are accepted

@@ -22,14 +22,6 @@ PROMPT = torch.randint(0, 90, (9,), generator=torch.Generator().manual_seed(4))
 K = 4  # linear_conv_kernel_dim of the tiny model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread. With two, every op waits at an OpenMP barrier for a core
-    that other processes hold, which made these tests ~100x slower on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
