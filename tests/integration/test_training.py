@@ -30,18 +30,9 @@ from ddtree.verifiers import GreedyVerifier
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def setting():
     """A tiny random target and its own greedy continuations (repetitive, hence learnable)."""
-    torch.set_num_threads(1)
     model = tiny_target("qwen3")
     prompts = torch.randint(0, 90, (64, 8), generator=torch.Generator().manual_seed(0))
     data = regenerate(model, prompts, new_tokens=56, eos_token_id=None, pad_token_id=0, batch_size=64, log=None)
