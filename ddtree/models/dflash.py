@@ -152,8 +152,14 @@ class DFlashAttention(nn.Module):
         k_blk, v_blk = self.keys_values(x, cos, sin)
         k, v = torch.cat([ctx_k, k_blk], dim=2), torch.cat([ctx_v, v_blk], dim=2)
         groups = self.n_heads // self.n_kv
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+        if mask is None or mask.shape[-2] == 1:
+            # Every query row sees the same keys: fold the query heads of each K/V head into the
+            # query length (head j * groups + i, row t -> row i * T + t) instead of copying K/V.
+            folded = q.reshape(1, self.n_kv, groups * t, self.head_dim)
+            out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask).reshape(1, self.n_heads, t, -1)
+        else:  # row-dependent masks (training): expand K/V to every query head
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
 
 

@@ -89,3 +89,20 @@ def test_mask_token_outside_the_vocabulary_is_refused(tiny_models):
     drafter_model = tiny_dflash(tiny_models["qwen3"], mask_token_id=500)
     with pytest.raises(ValueError, match="mask token id 500 is not in the target's vocabulary"):
         DFlashDrafter(drafter_model, HFTarget(tiny_models["qwen3"]))
+
+
+def test_folded_attention_equals_expanded_heads(tiny_models):
+    """Query heads folded into the query length (masks that do not vary by row) give exactly
+    what expanding K/V to every head gives (a row-varying mask forces the expansion)."""
+    from ddtree.models.dflash import rope_cos_sin
+
+    attention = tiny_dflash(tiny_models["qwen3"]).layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    x, ctx_k, ctx_v = torch.randn(1, 8, 64, generator=g), torch.randn(1, 2, 20, 16, generator=g), torch.randn(1, 2, 20, 16, generator=g)
+    cos, sin = rope_cos_sin(torch.arange(20, 28), 16, 1e6, torch.float32)
+    columns = torch.zeros(1, 1, 1, 28)
+    columns[..., 3] = torch.finfo(torch.float32).min
+    folded = attention(x, ctx_k, ctx_v, cos, sin, columns)
+    expanded = attention(x, ctx_k, ctx_v, cos, sin, columns.expand(1, 1, 8, 28).clone())
+    torch.testing.assert_close(folded, expanded, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(attention(x, ctx_k, ctx_v, cos, sin), attention(x, ctx_k, ctx_v, cos, sin, torch.zeros(1, 1, 8, 28)))
