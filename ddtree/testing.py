@@ -149,6 +149,19 @@ def tiny_mtp_drafter(target, steps: int = 3, seed: int = 0):
     return MTPDrafter(MTPHead.for_target(target.model, seed=seed), target, steps=steps)
 
 
+@torch.no_grad()
+def greedy_reference(model, prompt: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """The target's own greedy continuation (``generate(do_sample=False)``), the T = 0 ground truth.
+
+    The mask is passed explicitly: without one, ``generate`` takes prompt tokens equal to
+    ``pad_token_id`` for padding.
+    """
+    ids = prompt.reshape(1, -1)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=eos_token_id, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
 # -- the distribution check of the T > 0 tests ------------------------------------------------
 # A target with a 4-token vocabulary has 64 possible 3-token continuations of a fixed prompt:
 # their exact probabilities are enumerated, and a chi-square test compares them with what a

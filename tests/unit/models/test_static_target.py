@@ -8,6 +8,7 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget
 from ddtree.models.static_target import StaticTarget
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.testing import greedy_reference
 from ddtree.types import Draft
 from ddtree.verifiers import GreedyVerifier
 
@@ -15,7 +16,7 @@ from ddtree.verifiers import GreedyVerifier
 def test_greedy_identity_with_a_static_cache(tiny_models, family):
     model = tiny_models[family]
     prompt = torch.arange(4, 17)
-    expected = model.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 13:]
+    expected = torch.tensor(greedy_reference(model, prompt, 48))
     target = StaticTarget(model, max_length=256, cuda_graphs=False)
     for drafter, tree in [(NullDrafter(), ChainTreeBuilder()),
                           (OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(32))]:
