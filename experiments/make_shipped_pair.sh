@@ -3,14 +3,20 @@
 #
 #   bash experiments/make_shipped_pair.sh          # on the GPU machine; carry .corpus/
 #
+# The stages' budgets add up to more than one 10-minute device call, so a build from scratch
+# takes two: first the target (--stages tokenizer,target), unpacked into assets/; then the
+# drafters for it (--reuse-target assets/pair --stages tokenizer,target,regenerate,dflash,mtp).
+# The evaluate stage runs anywhere, a CPU included (--stages evaluate --device cpu).
+#
 # Stages (each skipped when its record exists in $WORK, each with a time budget under one
 # deadline): tokenizer (the committed one is copied), target, regenerate, dflash, mtp, evaluate.
 # Environment: OUT (required: receives the pack), CORPUS (.corpus/stdlib.jsonl),
-# WORK (.pair_work), PRESET (h200 | smoke), DEADLINE (480 s), PYTHON (python3).
+# WORK (.pair_work), PRESET (h200 | smoke), DEADLINE (570 s), PYTHON (python3).
 # Extra arguments go to experiments/shipped_pair.py (e.g. --target-seconds 120, --device cpu).
 #
 # The pair comes back as pair.tar.part-NN chunks of at most 15 MiB (the device tool returns
-# at most 8 files of 16 MiB), plus README.md (the model card), metrics.json and the log.
+# at most 8 files of 16 MiB), plus README.md (the model card), metrics.json, the log and
+# records.tar (the stage records: unpack into a work directory to resume or re-evaluate there).
 # Unpack into the repository with:  cat pair.tar.part-* | tar -xf - -C assets/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +27,10 @@ WORK=${WORK:-.pair_work}  # git-ignored; kept on a warm device machine, so a rer
 mkdir -p "$OUT" "$WORK"
 
 "${PYTHON:-python3}" experiments/shipped_pair.py --corpus "$CORPUS" --work "$WORK" \
-    --preset "${PRESET:-h200}" --deadline "${DEADLINE:-480}" "$@" 2>&1 | tee "$OUT/pipeline.log"
+    --preset "${PRESET:-h200}" --deadline "${DEADLINE:-570}" "$@" 2>&1 | tee "$OUT/pipeline.log"
 
 tar -C "$WORK" -cf - pair | split -b 15m -d - "$OUT/pair.tar.part-"
 cp "$WORK/pair/README.md" "$WORK/pair/metrics.json" "$OUT/"
+tar -C "$WORK" -cf "$OUT/records.tar" $(cd "$WORK" && ls stage_*.json)  # to resume or re-evaluate elsewhere
 ls -l "$OUT"
 echo "unpack with: cat pair.tar.part-* | tar -xf - -C assets/"

@@ -5,7 +5,9 @@
 
 Stages: tokenizer, target, regenerate, dflash, mtp, evaluate. A finished stage leaves
 ``stage_<name>.json`` in the work directory and is skipped on the next run; ``--redo`` names
-stages to run again (with every stage after them, since those were built from the old outputs). The pair lands in ``<work>/pair``; ``make_shipped_pair.sh`` packs it.
+stages to run again (with every stage after them, since those were built from the old outputs).
+``--reuse-target assets/pair`` starts from a finished pair's tokenizer and target, so that only
+the drafters are trained again. The pair lands in ``<work>/pair``; ``make_shipped_pair.sh`` packs it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ddtree.training.dflash import DFlashTrainConfig
 from ddtree.training.lm import LMTrainConfig, TargetSpec
 from ddtree.training.loop import Budget
 from ddtree.training.mtp import MTPTrainConfig
-from ddtree.training.pipeline import STAGES, PipelineConfig, run_pipeline
+from ddtree.training.pipeline import STAGES, PipelineConfig, reuse_target, run_pipeline
 
 
 def smoke(cfg: PipelineConfig) -> PipelineConfig:
@@ -47,6 +49,14 @@ def main() -> None:
     parser.add_argument("--redo", default="", help="comma-separated stages to run again (and all later ones)")
     for stage in ("target", "regen", "dflash", "mtp", "tau"):
         parser.add_argument(f"--{stage}-seconds", type=float, default=None)
+    parser.add_argument("--reuse-target", type=Path, default=None,
+                        help="a finished pair whose tokenizer and target to keep (only later stages train)")
+    parser.add_argument("--regen-prompts", type=int, default=None, help="prompts the target continues")
+    parser.add_argument("--temperatures", default=None,
+                        help="comma-separated; the prompts are split evenly among them (0,0,1: two thirds greedy)")
+    parser.add_argument("--dflash-layers", type=int, default=None)
+    parser.add_argument("--docstring-fraction", type=float, default=None,
+                        help="share of the prompts that end after a function's docstring (the rest: random windows)")
     args = parser.parse_args()
     transformers.utils.logging.disable_progress_bar()  # one line per stage event, not per shard
 
@@ -55,7 +65,9 @@ def main() -> None:
     if args.preset == "smoke":
         cfg = smoke(cfg)
     changes = {"device": args.device, "deadline_seconds": args.deadline, "regen_seconds": args.regen_seconds,
-               "tau_seconds": args.tau_seconds}
+               "tau_seconds": args.tau_seconds, "regen_prompts": args.regen_prompts, "dflash_layers": args.dflash_layers,
+               "docstring_fraction": args.docstring_fraction,
+               "temperatures": tuple(float(t) for t in args.temperatures.split(",")) if args.temperatures else None}
     for name, field in (("target", "target_budget"), ("dflash", "dflash_budget"), ("mtp", "mtp_budget")):
         seconds = getattr(args, f"{name}_seconds")
         if seconds is not None:
@@ -67,6 +79,8 @@ def main() -> None:
     if redo and min(redo) == 0:
         for tokens in cfg.work.glob("tokens_*.pt"):  # tokenised with the old tokenizer
             tokens.unlink()
+    if args.reuse_target is not None:
+        reuse_target(cfg, args.reuse_target)
     metrics = run_pipeline(cfg)
     print(f"pair written to {cfg.pair} ({metrics['weight_megabytes']:.1f} MB of weights)")
 

@@ -149,3 +149,30 @@ def code_prefixes(docs: Sequence[Document], count: int, lines: int = 24, seed: i
         if len(prompts) == count:
             break
     return prompts
+
+
+def docstring_ends(docs: Sequence[Document], count: int, seed: int = 0, tail_chars: int = 4000) -> list[str]:
+    """Up to ``count`` texts, each the last ``tail_chars`` characters of a document's source up to
+    the end of one function's docstring (the closing quotes and the newline), picked at random
+    (seeded): the place where a signature and its documentation ask for the body, as in
+    HumanEval's prompts.
+
+    >>> docstring_ends([Document("a.py", "a", "train", "x = 1\\ndef f():\\n    'Two.'\\n    return 2\\n")], 1)
+    ["x = 1\\ndef f():\\n    'Two.'\\n"]
+    """
+    import ast
+
+    ends = []
+    for doc in docs:
+        try:
+            tree = ast.parse(doc.text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = None
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node) is not None:
+                lines = lines or doc.text.splitlines(keepends=True)
+                ends.append((doc, lines, node.body[0].end_lineno))
+    rng = random.Random(seed)
+    rng.shuffle(ends)
+    return ["".join(lines[max(0, end - 200) : end])[-tail_chars:] for _, lines, end in ends[:count]]

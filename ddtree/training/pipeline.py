@@ -40,25 +40,28 @@ class PipelineConfig:
     work: Path  # intermediates, and the pair itself under work/pair
     assets: Path | None = None  # a committed tokenizer/ and heldout_prompts.jsonl to reuse, if any
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    deadline_seconds: float = 480.0  # the whole run; later stages' budgets are reserved from it
+    deadline_seconds: float = 570.0  # the whole run; later stages' budgets are reserved from it
     stages: tuple[str, ...] = STAGES
     vocab_size: int = 8192
     target: TargetSpec = TargetSpec()
     lm: LMTrainConfig = LMTrainConfig()
     target_budget: Budget = Budget(max_steps=2500, max_seconds=110)
-    regen_prompts: int = 4096
+    regen_prompts: int = 12288
     prompt_tokens: int = 64
     new_tokens: int = 320
     regen_batch: int = 512
-    temperatures: tuple[float, ...] = (0.0, 1.0)  # the prompts are split evenly between them
-    regen_seconds: float = 45
+    # The prompts are split evenly among these: three quarters greedy, since greedy decoding is
+    # where acceptance is measured most and a weak target's greedy text differs from its samples.
+    temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
+    docstring_fraction: float = 0.5  # share of prompts that end after a function's docstring
+    regen_seconds: float = 95
     block_size: int = 16
-    dflash_layers: int = 2
+    dflash_layers: int = 3
     dflash_taps: int = 3
     dflash: DFlashTrainConfig = DFlashTrainConfig()
-    dflash_budget: Budget = Budget(max_steps=20_000, max_seconds=100)
+    dflash_budget: Budget = Budget(max_steps=50_000, max_seconds=380)
     mtp: MTPTrainConfig = MTPTrainConfig()
-    mtp_budget: Budget = Budget(max_steps=10_000, max_seconds=45)
+    mtp_budget: Budget = Budget(max_steps=10_000, max_seconds=60)
     heldout_prompts: int = 16
     tau_new_tokens: int = 96
     tau_seconds: float = 50
@@ -85,11 +88,21 @@ class Run:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def seconds(self, wanted: float, *later: float) -> float:
-        """``wanted`` seconds, cut so that the ``later`` stages' seconds (unbounded ones count 0) stay."""
-        reserve = sum(t for t in later if math.isfinite(t))
-        left = self.cfg.deadline_seconds - self.elapsed() - reserve
+    def seconds(self, wanted: float, *later: str, overhead: float = 0.0) -> float:
+        """``wanted`` seconds, cut so that the budgets of the ``later`` stages that will run, and
+        ``overhead`` seconds of loading and saving, still fit before the deadline."""
+        left = self.cfg.deadline_seconds - self.elapsed() - overhead - sum(self.stage_seconds(s) for s in later)
         return max(min(wanted, left), 5.0)
+
+    def stage_seconds(self, name: str) -> float:
+        """The time a stage still to run is given (0 when it is not configured or already done)."""
+        cfg = self.cfg
+        if name not in cfg.stages or (cfg.work / f"stage_{name}.json").is_file():
+            return 0.0
+        seconds = {"target": cfg.target_budget.max_seconds, "regenerate": cfg.regen_seconds,
+                   "dflash": cfg.dflash_budget.max_seconds, "mtp": cfg.mtp_budget.max_seconds,
+                   "evaluate": cfg.tau_seconds}.get(name, 0.0)
+        return seconds if math.isfinite(seconds) else 0.0
 
     def docs(self) -> list[corpus_lib.Document]:
         if self._docs is None:
@@ -115,6 +128,12 @@ class Run:
         model = AutoModelForCausalLM.from_pretrained(str(self.cfg.pair / pair_lib.TARGET), dtype=dtype or self.cfg.dtype(),
                                                      attn_implementation="sdpa")
         return model.to(self.cfg.device).eval()
+
+
+def environment(device: str) -> dict:
+    """Where a stage ran: the device's name and the library versions."""
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "CPU"
+    return {"device": name, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -145,8 +164,7 @@ def stage_target(run: Run) -> dict:
     tok = load_tokenizer(cfg.pair / pair_lib.TOKENIZER)
     spec = dataclasses.replace(cfg.target, vocab_size=len(tok))
     model = build_target(spec, tok.eos_token_id, tok.pad_token_id, seed=cfg.seed).to(cfg.device)
-    seconds = run.seconds(cfg.target_budget.max_seconds, cfg.regen_seconds, cfg.dflash_budget.max_seconds,
-                          cfg.mtp_budget.max_seconds, cfg.tau_seconds, 40)  # 40 s: loading, saving, eval
+    seconds = run.seconds(cfg.target_budget.max_seconds, "regenerate", "dflash", "mtp", "evaluate", overhead=40)
     budget = dataclasses.replace(cfg.target_budget, max_seconds=seconds)
     run.log(f"  target: {_params(model) / 1e6:.2f}M parameters, {budget.max_seconds:.0f}s budget")
     result = train_target(model, run.stream("train"), run.stream("heldout"), cfg.lm, budget, log=run.log)
@@ -157,22 +175,41 @@ def stage_target(run: Run) -> dict:
             "heldout_history": result.history}
 
 
+def regen_prompts(run: Run, tok) -> tuple[torch.Tensor, int]:
+    """``[regen_prompts, prompt_tokens]`` prompts: random windows of the training stream and, for
+    ``docstring_fraction`` of them, the tokens just before a function body (after its docstring),
+    in a seeded random order. Returns the prompts and how many end at a docstring."""
+    cfg = run.cfg
+    rows = []
+    if cfg.docstring_fraction > 0:
+        train = [d for d in run.docs() if d.split == "train"]
+        texts = corpus_lib.docstring_ends(train, round(cfg.regen_prompts * cfg.docstring_fraction), seed=cfg.seed)
+        ids = [tok.encode(text)[-cfg.prompt_tokens :] for text in texts]
+        rows = [row for row in ids if len(row) == cfg.prompt_tokens]
+    windows = prompt_windows(run.stream("train"), cfg.regen_prompts - len(rows), cfg.prompt_tokens, seed=cfg.seed)
+    prompts = torch.cat([windows, torch.tensor(rows, dtype=windows.dtype).reshape(-1, cfg.prompt_tokens)])
+    order = torch.randperm(prompts.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
+    return prompts[order], len(rows)
+
+
 def stage_regenerate(run: Run) -> dict:
     cfg = run.cfg
     model, tok = run.target(), load_tokenizer(cfg.pair / pair_lib.TOKENIZER)
-    prompts = prompt_windows(run.stream("train"), cfg.regen_prompts, cfg.prompt_tokens, seed=cfg.seed)
-    seconds = run.seconds(cfg.regen_seconds, cfg.dflash_budget.max_seconds, cfg.mtp_budget.max_seconds,
-                          cfg.tau_seconds, 25)
+    prompts, docstring = regen_prompts(run, tok)
+    seconds = run.seconds(cfg.regen_seconds, "dflash", "mtp", "evaluate", overhead=25)
     torch.manual_seed(cfg.seed)
-    parts = []
+    parts, counts = [], {}
     for temperature, chunk in zip(cfg.temperatures, prompts.chunk(len(cfg.temperatures))):
         run.log(f"  temperature {temperature}: {chunk.shape[0]} prompts")
         parts.append(regenerate(model, chunk, cfg.new_tokens, tok.eos_token_id, tok.pad_token_id, cfg.regen_batch,
                                 temperature, seconds / len(cfg.temperatures), log=run.log))
+        counts[str(temperature)] = counts.get(str(temperature), 0) + len(parts[-1])
     data = SequenceSet(torch.cat([p.ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
     data.save(cfg.work / "regenerated.safetensors")
     return {"sequences": len(data), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
-            "temperatures": list(cfg.temperatures), "response_tokens": int(data.loss_mask.sum())}
+            "temperatures": list(cfg.temperatures), "sequences_per_temperature": counts,
+            "prompts": int(prompts.shape[0]), "docstring_prompts": docstring,
+            "response_tokens": int(data.loss_mask.sum())}
 
 
 def stage_dflash(run: Run) -> dict:
@@ -181,7 +218,7 @@ def stage_dflash(run: Run) -> dict:
     data = SequenceSet.load(cfg.work / "regenerated.safetensors")
     drafter = new_dflash(model, tok.mask_token_id, cfg.block_size, cfg.dflash_layers, cfg.dflash_taps, cfg.seed)
     drafter = drafter.to(cfg.device, torch.float32)
-    seconds = run.seconds(cfg.dflash_budget.max_seconds, cfg.mtp_budget.max_seconds, cfg.tau_seconds, 15)
+    seconds = run.seconds(cfg.dflash_budget.max_seconds, "mtp", "evaluate", overhead=15)
     budget = dataclasses.replace(cfg.dflash_budget, max_seconds=seconds)
     result = train_dflash(drafter, model, data, cfg.dflash, budget, log=run.log)
     drafter.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.DFLASH)
@@ -197,7 +234,7 @@ def stage_mtp(run: Run) -> dict:
     model = run.target()
     data = SequenceSet.load(cfg.work / "regenerated.safetensors")
     head = MTPHead.for_target(model, seed=cfg.seed).to(cfg.device, torch.float32)
-    budget = dataclasses.replace(cfg.mtp_budget, max_seconds=run.seconds(cfg.mtp_budget.max_seconds, cfg.tau_seconds, 10))
+    budget = dataclasses.replace(cfg.mtp_budget, max_seconds=run.seconds(cfg.mtp_budget.max_seconds, "evaluate", overhead=10))
     result = train_mtp(head, model, data, cfg.mtp, budget, log=run.log)
     head.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.MTP)
     return {"parameters": _params(head), "steps": result.steps, "seconds": result.seconds,
@@ -212,7 +249,7 @@ def stage_evaluate(run: Run) -> dict:
     prompts = [pair.tokenizer.encode(p["text"]) for p in pair.prompts]
     plan = strategies(pair.dflash, pair.mtp, cfg.tau_budgets)
     rows = benchmark(pair.target, plan, prompts, (0.0, 1.0), cfg.tau_new_tokens, seed=cfg.seed,
-                     max_seconds=run.seconds(cfg.tau_seconds, 5), log=run.log)
+                     max_seconds=run.seconds(cfg.tau_seconds, overhead=5), log=run.log)
     run.log(format_table(rows, "held-out prompts"))
     return {"heldout_perplexity": math.exp(nll), "tau": [dataclasses.asdict(r) for r in rows],
             "tau_setup": {"prompts": rows[0].responses, "max_new_tokens": cfg.tau_new_tokens}}
@@ -239,9 +276,25 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = print) -> dic
         begin = time.perf_counter()
         out = STAGE_FUNCTIONS[name](run)
         out["stage_seconds"] = time.perf_counter() - begin
+        out["environment"] = environment(cfg.device)
         pair_lib.write_json(out, record)
         log(f"[{name}] done in {out['stage_seconds']:.1f}s (total {run.elapsed():.1f}s)")
     return write_card(run)
+
+
+def reuse_target(cfg: PipelineConfig, source: Path) -> None:
+    """Start ``cfg.work`` from a finished pair's tokenizer, prompts and target, with their records,
+    so that a run retrains only the later stages (the drafters) for that same target."""
+    metrics = pair_lib.read_json(source / pair_lib.METRICS)
+    if not (source / pair_lib.TARGET / "config.json").is_file() or "target" not in metrics:
+        raise FileNotFoundError(f"{source} holds no finished pair (target/ and metrics.json) to reuse")
+    for part in (pair_lib.TOKENIZER, pair_lib.TARGET):
+        shutil.copytree(source / part, cfg.pair / part, dirs_exist_ok=True)
+    shutil.copy(source / pair_lib.PROMPTS, cfg.pair / pair_lib.PROMPTS)
+    env = metrics.get("environment", {})
+    target = {k: v for k, v in metrics["target"].items() if k != "heldout_perplexity"}
+    pair_lib.write_json({"environment": env, **metrics.get("tokenizer", {})}, cfg.work / "stage_tokenizer.json")
+    pair_lib.write_json({"environment": env, **target, "reused_from": str(source)}, cfg.work / "stage_target.json")
 
 
 def write_card(run: Run) -> dict:
@@ -261,10 +314,12 @@ def write_card(run: Run) -> dict:
         "regenerate": rec["regenerate"], "dflash": rec["dflash"], "mtp": rec["mtp"],
         "tau": rec["evaluate"].get("tau", []), "tau_setup": rec["evaluate"].get("tau_setup", {}),
         "weight_megabytes": pair_lib.weight_bytes(cfg.pair) / 1e6,
-        "weight_dtype": str(cfg.dtype()).removeprefix("torch."),
+        "weight_dtype": pair_lib.weight_dtype(cfg.pair),
         "wall_seconds": sum(r.get("stage_seconds", 0.0) for r in rec.values()),
-        "environment": {"device": torch.cuda.get_device_name() if torch.device(cfg.device).type == "cuda" else "CPU",
-                        "torch": torch.__version__, "transformers": transformers.__version__},
+        "train_seconds": sum(r.get("stage_seconds", 0.0) for name, r in rec.items() if name != "evaluate"),
+        "evaluate_seconds": rec["evaluate"].get("stage_seconds"),
+        "environment": rec["target"].get("environment") or environment(cfg.device),
+        "evaluate_environment": rec["evaluate"].get("environment") or environment(cfg.device),
     }
     pair_lib.write_json(metrics, cfg.pair / pair_lib.METRICS)
     (cfg.pair / pair_lib.CARD).write_text(pair_lib.render_card(metrics))

@@ -58,16 +58,38 @@ def test_card_is_rendered_from_measured_values():
         "tokenizer": {"vocab_size": 8192},
         "target": {"parameters": 12588672, "steps": 2000, "seconds": 150.5, "final_loss": 1.234, "heldout_perplexity": 7.89,
                    "layers": 6, "hidden_size": 384, "seq_len": 512, "best_step": 1800},
-        "regenerate": {"sequences": 4096, "prompt_tokens": 64, "new_tokens": 320, "temperatures": [0.0, 1.0]},
+        "regenerate": {"sequences": 4096, "prompt_tokens": 64, "new_tokens": 320, "temperatures": [0.0, 0.0, 0.0, 1.0],
+                       "sequences_per_temperature": {"0.0": 3072, "1.0": 1024}, "prompts": 4096, "docstring_prompts": 2048},
         "dflash": {"parameters": 3590656, "steps": 4000, "seconds": 110.0, "final_loss": 2.5, "block_size": 16,
                    "layers": 2, "taps": [1, 2, 3]},
         "mtp": {"parameters": 1869824, "steps": 900, "seconds": 45.0, "final_loss": 1.9, "depth": 3},
         "tau": [{"strategy": "dflash", "temperature": 0.0, "tau": 4.321}, {"strategy": "dflash", "temperature": 1.0, "tau": 3.2}],
         "tau_setup": {"prompts": 8, "max_new_tokens": 128}, "weight_megabytes": 35.9, "weight_dtype": "bfloat16", "wall_seconds": 420.0,
+        "train_seconds": 380.0, "evaluate_seconds": 40.0,
         "environment": {"device": "NVIDIA H200", "torch": "2.11.0", "transformers": "5.17.0"},
+        "evaluate_environment": {"device": "CPU", "torch": "2.13.0", "transformers": "5.24.0"},
     }
     card = render_card(metrics)
-    for text in ("7.89", "| dflash | 4.32 | 3.20 |", "12588672", "2448569", "NVIDIA H200", "35.90 MB of bfloat16", "block 16"):
+    for text in ("7.89", "| dflash | 4.32 | 3.20 |", "12588672", "2448569", "NVIDIA H200", "35.90 MB of bfloat16", "block 16",
+                 "3072 at T = 0.0, 1024 at T = 1.0", "2048 of the 4096 prompts end just after a function's docstring",
+                 "Training wall time 380.0 s on NVIDIA H200", "evaluation 40.0 s on CPU", "new tokens, CPU:"):
         assert text in card, text
     assert "n/a" not in card
     json.dumps(metrics)
+
+
+def test_reuse_target_starts_a_work_directory_from_a_finished_pair(tmp_path):
+    from ddtree.training.pair import METRICS, read_json, write_json
+    from ddtree.training.pipeline import PipelineConfig, reuse_target
+
+    pair = tiny_pair(tmp_path / "pair")
+    write_json({"target": {"parameters": 1, "heldout_perplexity": 9.0}, "tokenizer": {"vocab_size": 300},
+                "environment": {"device": "CPU"}}, pair / METRICS)
+    cfg = PipelineConfig(corpus=tmp_path / "unused.jsonl", work=tmp_path / "work", device="cpu")
+    reuse_target(cfg, pair)
+    assert (cfg.pair / "target" / "config.json").is_file() and (cfg.pair / "tokenizer" / "tokenizer.json").is_file()
+    record = read_json(cfg.work / "stage_target.json")
+    assert record["parameters"] == 1 and "heldout_perplexity" not in record and record["environment"] == {"device": "CPU"}
+    assert read_json(cfg.work / "stage_tokenizer.json")["vocab_size"] == 300
+    with pytest.raises(FileNotFoundError, match="holds no finished pair"):
+        reuse_target(cfg, tmp_path / "nothing")
