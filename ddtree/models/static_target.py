@@ -49,6 +49,7 @@ class StaticTarget(HFTarget):
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
         self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
+        self._mask_state: dict[tuple[int, int], tuple[int, int]] = {}  # (n, W) -> the last block's columns
         self._graphs: dict[tuple[int, int], tuple] = {}  # (n, W) -> (graph, ids, positions, logits, taps)
         self._counters: list[Tensor] = []
 
@@ -79,6 +80,7 @@ class StaticTarget(HFTarget):
         mask = self._full_mask(ids.shape[1], causal, 0)
         out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
         del self._masks[(ids.shape[1], mask.shape[-1])]  # a prompt-sized buffer is not reused
+        del self._mask_state[(ids.shape[1], mask.shape[-1])]
         self._check_cache()
         self.past_length = ids.shape[1]
         return out
@@ -87,19 +89,28 @@ class StaticTarget(HFTarget):
         """The folded ``[1, 1, groups * n, W]`` additive mask: prefix visible, the tree part as
         given (a bool ``[n, n]`` or a MaskCompiler's additive ``[1, 1, n, past + n]``), rest hidden."""
         width = min(self.max_length, -(-(past + n) // self.width_step) * self.width_step)
-        buf = self._masks.get((n, width))
-        if buf is None:
-            buf = torch.empty(1, 1, self.groups * n, width, dtype=self.dtype, device=self.input_device)
-            self._masks[(n, width)] = buf
         low = torch.finfo(self.dtype).min
+        key = (n, width)
+        buf = self._masks.get(key)
+        if buf is None:
+            buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
+            self._masks[key], self._mask_state[key] = buf, (0, 0)
         if tree_part.dtype == torch.bool:
             block = torch.where(tree_part.to(buf.device), 0.0, low).to(self.dtype)
         else:
             block = tree_part[0, 0, :, past : past + n]
+        # Only what changed since this buffer's last use is written. Within a sequence the prefix
+        # only grows: the columns it gained (the last block's among them) become 0, the new block
+        # covers the rest of the last one, and the tail beyond it was already hidden.
         rows = buf.view(self.groups, n, width)
-        rows[:, :, :past] = 0
+        last_past, _ = self._mask_state[key]
+        if past >= last_past:
+            rows[:, :, last_past:past] = 0
+        else:  # a new sequence: rewrite the row in full
+            rows[:, :, :past] = 0
+            rows[:, :, past + n :] = low
         rows[:, :, past : past + n] = block
-        rows[:, :, past + n :] = low
+        self._mask_state[key] = (past, past + n)
         return buf
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:

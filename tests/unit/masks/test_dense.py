@@ -1,6 +1,8 @@
-"""Literal masks for hand-drawn trees."""
+"""Literal masks for hand-drawn trees, and incremental writes that equal fresh masks."""
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddtree.masks import DenseMaskCompiler
 from ddtree.types import Tree
@@ -59,3 +61,17 @@ def test_dtype_and_device_binding():
     comp = DenseMaskCompiler().to("cpu", torch.bfloat16)
     mask = comp.compile(_tree([1, 2], [-1, 0]), past_length=1).attention_mask
     assert mask.dtype == torch.bfloat16 and mask[0, 0, 0, 2] == torch.finfo(torch.bfloat16).min
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 6), st.booleans()), min_size=1, max_size=12))
+def test_incremental_writes_equal_a_fresh_mask(steps):
+    # Rounds whose prefix grows, and now and then a new sequence (the prefix starts again).
+    compiler, past = DenseMaskCompiler(), 0
+    for n, grow, restart in steps:
+        past = 0 if restart else past + grow
+        parents = [-1] + [int(torch.randint(0, i, ()).item()) for i in range(1, n)]
+        tree = _tree(list(range(n)), parents)
+        got = compiler.compile(tree, past_length=past).attention_mask.clone()
+        want = DenseMaskCompiler().compile(tree, past_length=past).attention_mask
+        assert torch.equal(got, want)

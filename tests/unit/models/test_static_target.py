@@ -1,6 +1,8 @@
 """The static-cache target (the fast path's cache) is as exact as the dynamic one."""
 
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ddtree import SpeculativeEngine
 from ddtree.drafters import NullDrafter, OracleDrafter
@@ -43,3 +45,20 @@ def test_static_commit_matches_dynamic_commit(tiny_models):
     for s_layer, d_layer in zip(static.cache.layers, dynamic.cache.layers):
         torch.testing.assert_close(s_layer.keys[:, :, :length], d_layer.keys, atol=1e-5, rtol=1e-5)
         assert int(s_layer.cumulative_length) == length
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from([1, 3, 7]), st.integers(0, 40), st.booleans()), min_size=1, max_size=10))
+def test_folded_mask_written_incrementally_equals_a_fresh_one(tiny_models, steps):
+    # Each round writes only what changed in its (n, W) buffer; the result must be the full mask.
+    target, past = StaticTarget(tiny_models["qwen3"], max_length=128, cuda_graphs=False, width_step=16), 0
+    low = torch.finfo(target.dtype).min
+    for n, grow, restart in steps:
+        past = 0 if restart else min(past + grow, 128 - n)
+        block = torch.rand(n, n, generator=torch.Generator().manual_seed(n + past)) < 0.5
+        mask = target._full_mask(n, block, past)
+        width = mask.shape[-1]
+        want = torch.full((n, width), low)
+        want[:, :past] = 0
+        want[:, past : past + n] = torch.where(block, 0.0, low)
+        assert torch.equal(mask.view(target.groups, n, width), want.expand(target.groups, n, width))
