@@ -41,7 +41,7 @@ class DFlashDrafter:
     """
 
     def __init__(self, model: DFlashDraftModel, target, block_size: int | None = None,
-                 max_length: int | None = None, cuda_graphs: bool = False) -> None:
+                 max_length: int | None = None, cuda_graphs: bool | str = False) -> None:
         check_pair(model, target)
         self.model, self.target = model.eval(), target
         self.block_size = int(block_size or model.config.block_size)
@@ -51,7 +51,9 @@ class DFlashDrafter:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.max_length = int(max_length or min(target.max_length, 16384))
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        if cuda_graphs not in (True, False, "auto"):
+            raise ValueError(f"cuda_graphs must be true, false or auto, got {cuda_graphs!r}")
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"  # "auto": on CUDA
         cfg = model.config
         shape = (1, cfg.num_key_value_heads, self.max_length, cfg.head_dim)
         self._keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]

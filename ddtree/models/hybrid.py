@@ -43,13 +43,34 @@ def is_hybrid(model: PreTrainedModel) -> bool:
     return GDN in (getattr(_text_config(model), "layer_types", None) or ())
 
 
-def target_for(model: PreTrainedModel, max_length: int | None = None) -> HFTarget:
-    """``HybridTarget`` for a model with GDN layers, ``HFTarget`` otherwise.
+STATIC_LENGTH = 8192  # static-cache rows when no max_length is given (Qwen3-8B: 1.2 GB of bf16 K/V)
+
+
+def fast_path_fits(model: PreTrainedModel) -> bool:
+    """True when ``StaticTarget`` can serve the model: all of it on one CUDA device, and only
+    full-attention layers (no sliding windows, no recurrent state)."""
+    devices = {p.device for p in model.parameters()}
+    layer_types = set(getattr(_text_config(model), "layer_types", None) or ("full_attention",))
+    return len(devices) == 1 and next(iter(devices)).type == "cuda" and layer_types == {"full_attention"}
+
+
+def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool | str = "auto") -> HFTarget:
+    """The target class a model needs: ``HybridTarget`` for a model with GDN layers; otherwise
+    ``StaticTarget`` (static cache, CUDA graphs) when ``fast`` is True, or "auto" and the model
+    fits it (``fast_path_fits``), else ``HFTarget``. Every choice decodes the same tokens.
 
     >>> target_for(tiny_hybrid_target()).__class__.__name__   # doctest: +SKIP
     'HybridTarget'
     """
-    return HybridTarget(model, max_length) if is_hybrid(model) else HFTarget(model, max_length)
+    if fast not in (True, False, "auto"):
+        raise ValueError(f"fast must be true, false or auto, got {fast!r}")
+    if is_hybrid(model):
+        return HybridTarget(model, max_length)
+    if fast is True or (fast == "auto" and fast_path_fits(model)):
+        from ddtree.models.static_target import StaticTarget
+
+        return StaticTarget(model, max_length or STATIC_LENGTH)
+    return HFTarget(model, max_length)
 
 
 class HybridTarget(HFTarget):

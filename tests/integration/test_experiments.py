@@ -143,3 +143,17 @@ def test_run_directories_are_flat_deterministic_names() -> None:
     assert name("data.path=/data/gsm8k.jsonl,data=jsonl") == "data.path=_data_gsm8k.jsonl,data=jsonl"
     long = ",".join(f"knob{i}=/some/long/path/{i}" for i in range(20))
     assert len(name(long)) < 200 and name(long) == name(long) != name(long + "x")
+
+
+def test_the_fast_path_forced_on_decodes_the_same_tokens(tmp_path) -> None:
+    # fast=true puts the tiny target on StaticTarget (on a CPU: no CUDA graphs); the responses
+    # must equal those of the plain path token for token.
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:2]))
+    tokens = {}
+    for fast in ("true", "false"):
+        out = run("experiment=ddtree", "drafter=dflash_random", "tree.budget=8", f"fast={fast}", *COMMON,
+                  f"data.path={data}", f"hydra.run.dir={tmp_path / fast}", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        tokens[fast] = [r["tokens"] for r in sorted(records(tmp_path / fast), key=lambda r: r["key"])]
+    assert tokens["true"] == tokens["false"] and len(tokens["true"]) == 3

@@ -233,6 +233,19 @@ def test_target_for_and_the_refusals(model):
         HybridTarget(plain)
 
 
+def test_target_for_picks_the_fast_path_only_where_it_fits(model):
+    from ddtree.models.static_target import StaticTarget
+
+    plain = tiny_target("qwen3")
+    assert type(target_for(plain, fast="auto")) is HFTarget  # on a CPU the fast path does not fit
+    static = target_for(plain, fast=True)
+    assert type(static) is StaticTarget and not static.cuda_graphs and static.max_length == 8192
+    assert type(target_for(plain, max_length=64, fast=True)) is StaticTarget
+    assert type(target_for(model, fast=True)) is HybridTarget  # GDN state has no static cache
+    with pytest.raises(ValueError, match="fast must be true, false or auto"):
+        target_for(plain, fast="yes")
+
+
 def test_a_gdn_layer_that_bypasses_verify_mode_is_caught(model, monkeypatch):
     """If the model ever routed around linear_attn.forward, its real forward would commit the tree."""
     import contextlib
