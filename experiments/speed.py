@@ -2,13 +2,17 @@
 
     python experiments/speed.py                                # Qwen3-8B geometry, random weights
     python experiments/speed.py geometry=qwen3-4b budgets=[16,64] rounds=16
+    python experiments/speed.py target_path=assets/pair/target drafter_path=assets/pair/dflash \
+        prompts=assets/pair/heldout_prompts.jsonl check_tokens=128   # trained weights: the bf16 check
 
 Every strategy runs through the same engine; AR is the engine with the null drafter. For each
 configuration: the mean round time (no per-stage synchronisation), the per-stage breakdown
 (a second run that synchronises at every stage boundary), the memory peak, and the tokens/s and
 speedup that a tau table implies (tau x t_AR / t_round; default: the paper's Qwen3-8B MATH-500
-T=0 figures). A greedy check compares the fast path's tokens with plain eager AR in bf16.
-Random weights: acceptance is meaningless here, costs are real.
+T=0 figures). A greedy check compares every strategy's tokens on every path with plain eager
+AR in bf16 (``check_tokens`` tokens per prompt, on the ``prompts`` file's texts when given).
+Random weights: acceptance is meaningless there, costs are real; near-ties in random logits
+make bf16 paths part early, so the check means most on trained weights (``target_path=DIR``).
 """
 
 from __future__ import annotations
@@ -50,15 +54,58 @@ def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: in
 
 
 def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model):
-    yield "AR", "eager", eager, NullDrafter(), ChainTreeBuilder()
-    yield "AR", "fast", fast, NullDrafter(), ChainTreeBuilder()
-    for path, target in (("eager", eager), ("fast", fast)):
+    paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
+    for path, target in paths:
+        yield "AR", path, target, NullDrafter(), ChainTreeBuilder()
+    for path, target in paths:
         def drafter():
             return DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length,
                                  cuda_graphs=path == "fast" and cfg.cuda_graphs)
         yield "DFlash", path, target, drafter(), ChainTreeBuilder()
         for budget in cfg.budgets:
-            yield f"DDTree-{budget}", path, target, drafter(), BestFirstTreeBuilder(int(budget))
+            yield f"DDTree-{budget}", path, target, drafter(), BestFirstTreeBuilder(int(budget), method=cfg.tree_method)
+
+
+def _models(cfg: DictConfig):
+    """The target and drafter: trained ones from ``target``/``drafter`` paths, else random weights."""
+    if cfg.target_path is None:
+        model = random_qwen3(cfg.geometry)
+        return model, random_dflash_for(model, block_size=cfg.block_size), str(cfg.geometry)
+    from ddtree.models.dflash import DFlashDraftModel
+    from ddtree.models.hub import load_causal_lm
+
+    model = load_causal_lm(cfg.target_path, dtype=torch.bfloat16, device_map="cuda").eval()
+    if cfg.drafter_path is None:
+        raise SystemExit("target_path=PATH needs drafter_path=PATH (a DFlash checkpoint made for that target)")
+    dflash = DFlashDraftModel.from_pretrained(cfg.drafter_path, dtype=torch.bfloat16, device="cuda")
+    return model, dflash, str(cfg.target_path)
+
+
+def _check_prompts(cfg: DictConfig, model, fallback: torch.Tensor) -> list[torch.Tensor]:
+    """Token ids of the ``prompts`` file's texts (tokenizer beside the target), or the random prompt."""
+    if cfg.prompts is None:
+        return [fallback]
+    from ddtree.training.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(Path(cfg.target_path).parent / "tokenizer")
+    texts = [json.loads(line)["text"] for line in Path(cfg.prompts).read_text().splitlines() if line.strip()]
+    return [torch.tensor(tok.encode(t)[-cfg.prompt_length:]) for t in texts[: cfg.check_prompts]]
+
+
+@torch.inference_mode()
+def _greedy_check(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model, prompts) -> dict:
+    """Per strategy and path: the first token where it parts from eager AR (None: identical)."""
+    reference, result = {}, {}
+    for name, path, target, drafter, tree in _strategies(cfg, eager, fast, dflash_model):
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        parts = []
+        for i, prompt in enumerate(prompts):
+            tokens = engine.generate(prompt, max_new_tokens=cfg.check_tokens).tokens
+            if name == "AR" and path == cfg.paths[0]:
+                reference[i] = tokens
+            parts.append(_first_divergence(reference[i], tokens))
+        result[f"{name}/{path}"] = parts
+    return result
 
 
 @torch.inference_mode()
@@ -84,6 +131,10 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+def _ratio(tau: float, ar: dict, path: str, row: dict) -> str:
+    return f"{tau * ar[path] / row['round_ms']:.2f}" if path in ar else "n/a"
+
+
 def _table(rows: list[dict], tau: dict, ar: dict) -> str:
     lines = ["| strategy | path | round ms | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -92,7 +143,7 @@ def _table(rows: list[dict], tau: dict, ar: dict) -> str:
         lines.append(
             f"| {r['strategy']} | {r['path']} | {r['round_ms']:.2f} | {s['draft']:.2f} | {s['tree']:.2f} | "
             f"{s['layout']:.2f} | {s['verify']:.2f} | {s['commit']:.2f} | {r['peak_extra_mib']:.0f} | {t:.2f} | "
-            f"{1e3 * t / r['round_ms']:.0f} | {t * ar['eager'] / r['round_ms']:.2f} | {t * ar['fast'] / r['round_ms']:.2f} |"
+            f"{1e3 * t / r['round_ms']:.0f} | {_ratio(t, ar, 'eager', r)} | {_ratio(t, ar, 'fast', r)} |"
         )
     return "\n".join(lines)
 
@@ -103,12 +154,13 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit("experiments/speed.py measures GPU costs: no CUDA device is visible")
     torch.manual_seed(cfg.seed)
     start = time.perf_counter()
-    model = random_qwen3(cfg.geometry)
-    dflash_model = random_dflash_for(model, block_size=cfg.block_size)
-    print(f"built {cfg.geometry} + drafter in {time.perf_counter() - start:.1f}s", flush=True)
+    model, dflash_model, name = _models(cfg)
+    print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s", flush=True)
     eager = HFTarget(model)
     fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs)
     prompt = torch.randint(0, model.config.vocab_size - 1, (cfg.prompt_length,))
+    check_prompts = _check_prompts(cfg, model, prompt)
+    prompt = check_prompts[0] if cfg.prompts is not None else prompt
 
     rows = []
     for name, path, target, drafter, tree in _strategies(cfg, eager, fast, dflash_model):
@@ -123,18 +175,20 @@ def main(cfg: DictConfig) -> None:
 
     if cfg.cuda_graphs:
         print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
-    reference = next(r["tokens"] for r in rows if r["strategy"] == "AR" and r["path"] == "eager")
-    checks = {f"{r['strategy']}/{r['path']}": _first_divergence(reference, r["tokens"]) for r in rows}
+    checks = _greedy_check(cfg, eager, fast, dflash_model, check_prompts) if cfg.check_tokens else {}
     ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "AR"}
     tau = dict(OmegaConf.to_container(cfg.tau))
     table = _table(rows, tau, ar)
-    print("\nfirst divergence from eager AR greedy (None = identical):", json.dumps(checks))
-    print(f"\n{cfg.geometry}, prompt {cfg.prompt_length}, {cfg.rounds} rounds, bf16, {torch.cuda.get_device_name()}\n")
+    print(f"\nfirst divergence from {cfg.paths[0]} AR greedy per prompt, {cfg.check_tokens} tokens "
+          f"(None = identical): {json.dumps(checks)}")
+    print(f"\n{name}, prompt {cfg.prompt_length}, {cfg.rounds} rounds, bf16, {torch.cuda.get_device_name()}\n")
     print(table)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for r in rows:
         r.pop("tokens")
+    identical = [k for k, v in checks.items() if all(d is None for d in v)]
+    print(f"identical to eager AR on every prompt: {len(identical)} of {len(checks)}")
     out.write_text(json.dumps({"config": OmegaConf.to_container(cfg), "rows": rows, "divergence": checks,
                                "table": table}, indent=1))
 
