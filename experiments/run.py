@@ -89,6 +89,9 @@ def load_target(cfg: DictConfig):
         gc.collect()  # free the previous target before the next one loads
         log.info("loading target %s", cfg.target.name)
         _loaded.update(key=key, target=instantiate(cfg.target.model), tokenizer=instantiate(cfg.target.tokenizer))
+        target = _loaded["target"]
+        log.info("target %s as %s on %s%s", cfg.target.name, type(target).__name__, target.input_device,
+                 " (CUDA graphs)" if getattr(target, "cuda_graphs", False) else "")
     return _loaded["target"], _loaded["tokenizer"]
 
 
