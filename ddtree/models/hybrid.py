@@ -46,12 +46,25 @@ def is_hybrid(model: PreTrainedModel) -> bool:
 STATIC_LENGTH = 8192  # static-cache rows when no max_length is given (Qwen3-8B: 1.2 GB of bf16 K/V)
 
 
+def graphable(config) -> bool:
+    """True for a dense decoder of full-attention layers only: no sliding windows or recurrent
+    state (the static cache holds plain K/V) and no mixture of experts (its routing picks
+    experts by data-dependent indexing, which a CUDA graph cannot replay).
+
+    >>> from transformers import Qwen3Config, Qwen3MoeConfig
+    >>> graphable(Qwen3Config()), graphable(Qwen3MoeConfig())
+    (True, False)
+    """
+    layer_types = set(getattr(config, "layer_types", None) or ("full_attention",))
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
+    return layer_types == {"full_attention"} and not experts
+
+
 def fast_path_fits(model: PreTrainedModel) -> bool:
-    """True when ``StaticTarget`` can serve the model: all of it on one CUDA device, and only
-    full-attention layers (no sliding windows, no recurrent state)."""
+    """True when ``StaticTarget`` with CUDA graphs can serve the model: all of it on one CUDA
+    device, and ``graphable`` (``fast=true`` forces it anyway)."""
     devices = {p.device for p in model.parameters()}
-    layer_types = set(getattr(_text_config(model), "layer_types", None) or ("full_attention",))
-    return len(devices) == 1 and next(iter(devices)).type == "cuda" and layer_types == {"full_attention"}
+    return len(devices) == 1 and next(iter(devices)).type == "cuda" and graphable(_text_config(model))
 
 
 def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool | str = "auto") -> HFTarget:

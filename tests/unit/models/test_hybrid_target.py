@@ -246,6 +246,15 @@ def test_target_for_picks_the_fast_path_only_where_it_fits(model):
         target_for(plain, fast="yes")
 
 
+def test_only_dense_full_attention_models_are_graphable(model):
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    from ddtree.models.hybrid import graphable
+
+    assert graphable(Qwen3Config()) and graphable(tiny_target("llama").config)
+    assert not graphable(Qwen3MoeConfig()) and not graphable(model.config.get_text_config())
+
+
 def test_a_gdn_layer_that_bypasses_verify_mode_is_caught(model, monkeypatch):
     """If the model ever routed around linear_attn.forward, its real forward would commit the tree."""
     import contextlib
