@@ -16,10 +16,11 @@ STAGES = ("draft", "tree", "layout", "verify", "commit")
 class StageTimer:
     """Sums wall time per stage. With ``sync`` set, CUDA work is finished before each reading,
     so a stage is charged for its own kernels (at the price of one synchronisation per stage).
+    Without CUDA there is nothing to wait for, and ``sync`` is ignored.
     """
 
     def __init__(self, sync: bool | None = None) -> None:
-        self.sync = torch.cuda.is_available() if sync is None else sync
+        self.sync = torch.cuda.is_available() and (sync is None or bool(sync))
         self.totals = dict.fromkeys(STAGES, 0.0)
 
     def now(self) -> float:
