@@ -6,8 +6,8 @@ and only each depth's top K = min(B, vocab) tokens can appear in it. Two exact w
 
 - ``method="beam"``: a few tensor operations per depth, on the draft's device. A prefix
   in the top B is among the top B of its own depth, and so is its parent one depth up; so the
-  B best prefixes of depth d are the B best extensions (parent score + token log-prob, a [B, K]
-  table) of the B best of depth d - 1. The tree is the B best of all depths, taken in a stable
+  B best prefixes of depth d are the B best extensions (parent score + token log-prob) of the
+  B best of depth d - 1, among only the about B ln B (parent, token) rank pairs that can win. The tree is the B best of all depths, taken in a stable
   descending sort of the depth-major list, so a parent always comes before its children (ties
   included) and nodes are numbered in non-increasing score. No Python runs per node.
 - ``method="heap"``: Algorithm 1 as written. A heap over (depth, rank) tuples enumerates the
