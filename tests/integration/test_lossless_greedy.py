@@ -38,6 +38,10 @@ def _strategies(model, target):
     yield "dflash-oracle", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), ChainTreeBuilder()
     for budget in ORACLE_BUDGETS:
         yield f"ddtree{budget}-oracle", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(budget)
+    # The tensor beam builds the same optimal trees as the heap (method="auto" picks it above 512).
+    yield "ddtree256-random-beam", DFlashDrafter(dflash, target), BestFirstTreeBuilder(256, method="beam")
+    yield "ddtree64-oracle-beam", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), \
+        BestFirstTreeBuilder(64, method="beam")
 
 
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)

@@ -36,12 +36,14 @@ def _strategies(model, target):
         "dflash-random": (DFlashDrafter(dflash, target), ChainTreeBuilder()),
         "dflash-oracle": (OracleDrafter(model, depth=3, sharpness=2.0), ChainTreeBuilder()),
         "ddtree-oracle": (OracleDrafter(model, depth=3, sharpness=2.0), BestFirstTreeBuilder(6)),
+        "ddtree-oracle-beam": (OracleDrafter(model, depth=3, sharpness=2.0), BestFirstTreeBuilder(6, method="beam")),
     }
 
 
 @pytest.mark.parametrize(
     "name, temperature",
-    [("ar", 1.0), ("dflash-random", 1.0), ("dflash-oracle", 1.0), ("ddtree-oracle", 1.0), ("ddtree-oracle", 0.6)],
+    [("ar", 1.0), ("dflash-random", 1.0), ("dflash-oracle", 1.0), ("ddtree-oracle", 1.0), ("ddtree-oracle", 0.6),
+     ("ddtree-oracle-beam", 1.0)],
 )
 def test_first_tokens_follow_the_target_distribution(small_vocab_model, name, temperature):
     model = small_vocab_model
