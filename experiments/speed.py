@@ -74,14 +74,14 @@ def _models(cfg: DictConfig):
     from ddtree.models.dflash import DFlashDraftModel
     from ddtree.models.hub import load_causal_lm
 
-    model = load_causal_lm(cfg.target_path, dtype=torch.bfloat16, device_map="cuda").eval()
     if cfg.drafter_path is None:
         raise SystemExit("target_path=PATH needs drafter_path=PATH (a DFlash checkpoint made for that target)")
+    model = load_causal_lm(cfg.target_path, dtype=torch.bfloat16, device_map="cuda").eval()
     dflash = DFlashDraftModel.from_pretrained(cfg.drafter_path, dtype=torch.bfloat16, device="cuda")
     return model, dflash, str(cfg.target_path)
 
 
-def _check_prompts(cfg: DictConfig, model, fallback: torch.Tensor) -> list[torch.Tensor]:
+def _check_prompts(cfg: DictConfig, fallback: torch.Tensor) -> list[torch.Tensor]:
     """Token ids of the ``prompts`` file's texts (tokenizer beside the target), or the random prompt."""
     if cfg.prompts is None:
         return [fallback]
@@ -154,12 +154,14 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit("experiments/speed.py measures GPU costs: no CUDA device is visible")
     torch.manual_seed(cfg.seed)
     start = time.perf_counter()
+    if cfg.prompts is not None and cfg.target_path is None:
+        raise SystemExit("prompts=FILE needs target_path=DIR: the prompts are tokenised with the tokenizer/ beside it")
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s", flush=True)
     eager = HFTarget(model)
     fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs)
     prompt = torch.randint(0, model.config.vocab_size - 1, (cfg.prompt_length,))
-    check_prompts = _check_prompts(cfg, model, prompt)
+    check_prompts = _check_prompts(cfg, prompt)
     prompt = check_prompts[0] if cfg.prompts is not None else prompt
 
     rows = []

@@ -49,7 +49,7 @@ class StaticTarget(HFTarget):
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
         self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
-        self._mask_state: dict[tuple[int, int], tuple[int, int]] = {}  # (n, W) -> the last block's columns
+        self._mask_past: dict[tuple[int, int], int] = {}  # (n, W) -> the prefix length its buffer was last written for
         self._graphs: dict[tuple[int, int], tuple] = {}  # (n, W) -> (graph, ids, positions, logits, taps)
         self._counters: list[Tensor] = []
 
@@ -80,7 +80,7 @@ class StaticTarget(HFTarget):
         mask = self._full_mask(ids.shape[1], causal, 0)
         out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
         del self._masks[(ids.shape[1], mask.shape[-1])]  # a prompt-sized buffer is not reused
-        del self._mask_state[(ids.shape[1], mask.shape[-1])]
+        del self._mask_past[(ids.shape[1], mask.shape[-1])]
         self._check_cache()
         self.past_length = ids.shape[1]
         return out
@@ -94,7 +94,7 @@ class StaticTarget(HFTarget):
         buf = self._masks.get(key)
         if buf is None:
             buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
-            self._masks[key], self._mask_state[key] = buf, (0, 0)
+            self._masks[key], self._mask_past[key] = buf, 0
         if tree_part.dtype == torch.bool:
             block = torch.where(tree_part.to(buf.device), 0.0, low).to(self.dtype)
         else:
@@ -103,14 +103,14 @@ class StaticTarget(HFTarget):
         # only grows: the columns it gained (the last block's among them) become 0, the new block
         # covers the rest of the last one, and the tail beyond it was already hidden.
         rows = buf.view(self.groups, n, width)
-        last_past, _ = self._mask_state[key]
+        last_past = self._mask_past[key]
         if past >= last_past:
             rows[:, :, last_past:past] = 0
         else:  # a new sequence: rewrite the row in full
             rows[:, :, :past] = 0
             rows[:, :, past + n :] = low
         rows[:, :, past : past + n] = block
-        self._mask_state[key] = (past, past + n)
+        self._mask_past[key] = past
         return buf
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:

@@ -141,8 +141,10 @@ def weight_dtype(path: Path) -> str:
     for file in sorted(Path(path).rglob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             dtypes.update(str(f.get_slice(k).get_dtype()) for k in f.keys())
-    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-    return names.get(next(iter(dtypes)), next(iter(dtypes))) if len(dtypes) == 1 else ("mixed" if dtypes else "n/a")
+    if len(dtypes) != 1:
+        return "mixed" if dtypes else "n/a"
+    (dtype,) = dtypes
+    return {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(dtype, dtype)
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -171,6 +173,7 @@ def render_card(m: dict) -> str:
     """The model card: every number comes from the pipeline's ``metrics.json``."""
     corpus, tgt, reg = m.get("corpus", {}), m.get("target", {}), m.get("regenerate", {})
     dfl, mtp, env = m.get("dflash", {}), m.get("mtp", {}), m.get("environment", {})
+    evaluated_on = _fmt((m.get("evaluate_environment") or env).get("device"))
     lines = [
         "# ddtree shipped pair: a small code LM with its DFlash drafter and MTP head",
         "",
@@ -206,7 +209,7 @@ def render_card(m: dict) -> str:
         "## Measured acceptance (tau, bonus token included)",
         f"On {_fmt(m.get('tau_setup', {}).get('prompts'))} held-out prompts, "
         f"{_fmt(m.get('tau_setup', {}).get('max_new_tokens'))} new tokens, "
-        f"{_fmt((m.get('evaluate_environment') or env).get('device'))}:",
+        f"{evaluated_on}:",
         "",
         "| strategy | T = 0 | T = 1 |",
         "|---|---|---|",
@@ -220,7 +223,7 @@ def render_card(m: dict) -> str:
         "",
         f"Training wall time {_fmt(m.get('train_seconds', m.get('wall_seconds')), 1)} s on {_fmt(env.get('device'))} "
         f"(torch {_fmt(env.get('torch'))}, transformers {_fmt(env.get('transformers'))}); evaluation "
-        f"{_fmt(m.get('evaluate_seconds'), 1)} s on {_fmt((m.get('evaluate_environment') or env).get('device'))}.",
+        f"{_fmt(m.get('evaluate_seconds'), 1)} s on {evaluated_on}.",
         "Rebuild: `experiments/make_shipped_pair.sh` (seeded; its header gives the stages and calls).",
         "",
     ]

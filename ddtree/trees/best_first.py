@@ -131,7 +131,8 @@ class BestFirstTreeBuilder:
         flat_parent = torch.cat(parents)
         # A parent's index in the flat depth-major list (-1: the root).
         flat_parent = torch.where(flat_parent >= 0, flat_parent + offsets[(depth - 2).clamp(min=0)], flat_parent)
-        order = torch.sort(torch.cat(scores), descending=True, stable=True).indices[: self.budget]  # [n - 1]
+        flat_scores = torch.cat(scores)
+        order = torch.sort(flat_scores, descending=True, stable=True).indices[: self.budget]  # [n - 1]
         node_of = torch.full((depth.numel() + 1,), -1, dtype=torch.long, device=device)
         node_of[order] = torch.arange(1, order.numel() + 1, device=device)
         node_of[-1] = 0  # flat index -1: the root is node 0
@@ -139,5 +140,5 @@ class BestFirstTreeBuilder:
         ints = torch.stack([torch.cat([top_tok.new_tensor([root_token]), torch.cat(tokens)[order]]),
                             torch.cat([chosen_parent.new_tensor([-1]), chosen_parent]),
                             torch.cat([depth.new_tensor([0]), depth[order]])]).cpu()
-        node_scores = torch.cat([top_logp.new_zeros(1), torch.cat(scores)[order]]).float().cpu()
+        node_scores = torch.cat([top_logp.new_zeros(1), flat_scores[order]]).float().cpu()
         return Tree(ints[0], ints[1], ints[2], node_scores)
