@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--reuse-target", type=Path, default=None,
                         help="a finished pair whose tokenizer and target to keep (only later stages train)")
     parser.add_argument("--regen-prompts", type=int, default=None, help="prompts the target continues")
-    parser.add_argument("--temperatures", default=None,
+    parser.add_argument("--temperatures", default=None, type=lambda text: tuple(float(t) for t in text.split(",")),
                         help="comma-separated; the prompts are split evenly among them (0,0,1: two thirds greedy)")
     parser.add_argument("--dflash-layers", type=int, default=None)
     parser.add_argument("--docstring-fraction", type=float, default=None,
@@ -67,7 +67,7 @@ def main() -> None:
     changes = {"device": args.device, "deadline_seconds": args.deadline, "regen_seconds": args.regen_seconds,
                "tau_seconds": args.tau_seconds, "regen_prompts": args.regen_prompts, "dflash_layers": args.dflash_layers,
                "docstring_fraction": args.docstring_fraction,
-               "temperatures": tuple(float(t) for t in args.temperatures.split(",")) if args.temperatures else None}
+               "temperatures": args.temperatures}
     for name, field in (("target", "target_budget"), ("dflash", "dflash_budget"), ("mtp", "mtp_budget")):
         seconds = getattr(args, f"{name}_seconds")
         if seconds is not None:

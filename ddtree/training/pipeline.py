@@ -68,6 +68,12 @@ class PipelineConfig:
     tau_budgets: tuple[int, ...] = (16, 32, 64)
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.docstring_fraction <= 1.0:
+            raise ValueError(f"docstring_fraction is a share of the prompts, in [0, 1]; got {self.docstring_fraction}")
+        if not self.temperatures or min(self.temperatures) < 0:
+            raise ValueError(f"temperatures must be one or more numbers >= 0 (0 is greedy), got {self.temperatures}")
+
     @property
     def pair(self) -> Path:
         return self.work / "pair"

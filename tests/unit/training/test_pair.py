@@ -93,3 +93,12 @@ def test_reuse_target_starts_a_work_directory_from_a_finished_pair(tmp_path):
     assert read_json(cfg.work / "stage_tokenizer.json")["vocab_size"] == 300
     with pytest.raises(FileNotFoundError, match="holds no finished pair"):
         reuse_target(cfg, tmp_path / "nothing")
+
+
+@pytest.mark.parametrize(("change", "message"), [({"docstring_fraction": 1.5}, "docstring_fraction is a share"),
+                                                  ({"temperatures": (0.0, -1.0)}, "temperatures must be")])
+def test_pipeline_config_refuses_bad_regeneration_knobs(tmp_path, change, message):
+    from ddtree.training.pipeline import PipelineConfig
+
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig(corpus=tmp_path / "c.jsonl", work=tmp_path / "w", **change)
