@@ -7,7 +7,8 @@ Stages: tokenizer, target, regenerate, dflash, mtp, evaluate. A finished stage l
 ``stage_<name>.json`` in the work directory and is skipped on the next run; ``--redo`` names
 stages to run again (with every stage after them, since those were built from the old outputs).
 ``--reuse-target assets/pair`` starts from a finished pair's tokenizer and target, so that only
-the drafters are trained again. The pair lands in ``<work>/pair``; ``make_shipped_pair.sh`` packs it.
+the drafters are trained again; ``--continue-from assets/pair`` starts those drafters from that
+pair's weights instead of fresh ones (with ``--seed 1``, on newly drawn prompts). The pair lands in ``<work>/pair``; ``make_shipped_pair.sh`` packs it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> None:
         parser.add_argument(f"--{stage}-seconds", type=float, default=None)
     parser.add_argument("--reuse-target", type=Path, default=None,
                         help="a finished pair whose tokenizer and target to keep (only later stages train)")
+    parser.add_argument("--continue-from", type=Path, default=None,
+                        help="a finished pair whose DFlash drafter and MTP head training continues from")
+    parser.add_argument("--seed", type=int, default=None, help="seeds prompts, sampling and fresh weights (0)")
     parser.add_argument("--regen-prompts", type=int, default=None, help="prompts the target continues")
     parser.add_argument("--temperatures", default=None, type=lambda text: tuple(float(t) for t in text.split(",")),
                         help="comma-separated; the prompts are split evenly among them (0,0,1: two thirds greedy)")
@@ -67,7 +71,7 @@ def main() -> None:
     changes = {"device": args.device, "deadline_seconds": args.deadline, "regen_seconds": args.regen_seconds,
                "tau_seconds": args.tau_seconds, "regen_prompts": args.regen_prompts, "dflash_layers": args.dflash_layers,
                "docstring_fraction": args.docstring_fraction,
-               "temperatures": args.temperatures}
+               "temperatures": args.temperatures, "continue_from": args.continue_from, "seed": args.seed}
     for name, field in (("target", "target_budget"), ("dflash", "dflash_budget"), ("mtp", "mtp_budget")):
         seconds = getattr(args, f"{name}_seconds")
         if seconds is not None:

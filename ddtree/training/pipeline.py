@@ -62,6 +62,9 @@ class PipelineConfig:
     dflash_budget: Budget = Budget(max_steps=50_000, max_seconds=380)
     mtp: MTPTrainConfig = MTPTrainConfig()
     mtp_budget: Budget = Budget(max_steps=10_000, max_seconds=60)
+    # A finished pair whose DFlash drafter and MTP head training continues from (on this run's
+    # data), instead of fresh weights; the card adds their earlier steps and seconds.
+    continue_from: Path | None = None
     heldout_prompts: int = 16
     tau_new_tokens: int = 96
     tau_seconds: float = 50
@@ -223,19 +226,49 @@ def stage_regenerate(run: Run) -> dict:
             "response_tokens": int(data.loss_mask.sum())}
 
 
+def earlier_training(cfg: PipelineConfig, part: str) -> dict:
+    """What ``cfg.continue_from``'s ``part`` ("dflash" or "mtp") was trained for, from its metrics."""
+    metrics = pair_lib.read_json(cfg.continue_from / pair_lib.METRICS)
+    record = metrics.get(part, {})
+    earlier = record.get("continued_from", {})
+    return {"path": str(cfg.continue_from), "steps": record.get("steps", 0) + earlier.get("steps", 0),
+            "seconds": record.get("seconds", 0.0) + earlier.get("seconds", 0.0),
+            "sequences": metrics.get("regenerate", {}).get("sequences", 0) + earlier.get("sequences", 0)}
+
+
+def _continued(cfg: PipelineConfig, part: str) -> Path | None:
+    """The checkpoint directory to continue ``part`` from, or None for fresh weights."""
+    if cfg.continue_from is None:
+        return None
+    path = cfg.continue_from / part
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"continue_from={cfg.continue_from} has no {part}/ checkpoint to continue training")
+    return path
+
+
 def stage_dflash(run: Run) -> dict:
+    from ddtree.models.dflash import DFlashDraftModel
+
     cfg = run.cfg
     model, tok = run.target(), load_tokenizer(cfg.pair / pair_lib.TOKENIZER)
     data = SequenceSet.load(cfg.work / "regenerated.safetensors")
-    drafter = new_dflash(model, tok.mask_token_id, cfg.block_size, cfg.dflash_layers, cfg.dflash_taps, cfg.seed)
+    start = _continued(cfg, pair_lib.DFLASH)
+    if start is None:
+        drafter = new_dflash(model, tok.mask_token_id, cfg.block_size, cfg.dflash_layers, cfg.dflash_taps, cfg.seed)
+    else:
+        drafter = DFlashDraftModel.from_pretrained(start)
+        if drafter.config.block_size != cfg.block_size or drafter.config.hidden_size != model.config.hidden_size:
+            raise ValueError(f"{start} was made for another target or block size; it cannot be continued here")
     drafter = drafter.to(cfg.device, torch.float32)
     seconds = run.seconds(cfg.dflash_budget.max_seconds, "mtp", "evaluate", overhead=15)
     budget = dataclasses.replace(cfg.dflash_budget, max_seconds=seconds)
     result = train_dflash(drafter, model, data, cfg.dflash, budget, log=run.log)
     drafter.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.DFLASH)
-    return {"parameters": _params(drafter), "steps": result.steps, "seconds": result.seconds,
-            "final_loss": result.losses[-1], "block_size": cfg.block_size, "layers": cfg.dflash_layers,
-            "taps": list(drafter.config.target_layer_ids), "anchors": cfg.dflash.anchors}
+    record = {"parameters": _params(drafter), "steps": result.steps, "seconds": result.seconds,
+              "final_loss": result.losses[-1], "block_size": drafter.config.block_size,
+              "layers": drafter.config.num_hidden_layers, "taps": list(drafter.config.target_layer_ids),
+              "anchors": cfg.dflash.anchors}
+    return record if start is None else {**record, "continued_from": earlier_training(cfg, "dflash")}
 
 
 def stage_mtp(run: Run) -> dict:
@@ -244,12 +277,15 @@ def stage_mtp(run: Run) -> dict:
     cfg = run.cfg
     model = run.target()
     data = SequenceSet.load(cfg.work / "regenerated.safetensors")
-    head = MTPHead.for_target(model, seed=cfg.seed).to(cfg.device, torch.float32)
+    start = _continued(cfg, pair_lib.MTP)
+    head = MTPHead.for_target(model, seed=cfg.seed) if start is None else MTPHead.from_pretrained(start)
+    head = head.to(cfg.device, torch.float32)
     budget = dataclasses.replace(cfg.mtp_budget, max_seconds=run.seconds(cfg.mtp_budget.max_seconds, "evaluate", overhead=10))
     result = train_mtp(head, model, data, cfg.mtp, budget, log=run.log)
     head.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.MTP)
-    return {"parameters": _params(head), "steps": result.steps, "seconds": result.seconds,
-            "final_loss": result.losses[-1], "depth": cfg.mtp.depth}
+    record = {"parameters": _params(head), "steps": result.steps, "seconds": result.seconds,
+              "final_loss": result.losses[-1], "depth": cfg.mtp.depth}
+    return record if start is None else {**record, "continued_from": earlier_training(cfg, "mtp")}
 
 
 def stage_evaluate(run: Run) -> dict:

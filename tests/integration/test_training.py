@@ -1,6 +1,8 @@
 """Training end to end: trained drafters accept under the decoding loop, reload unchanged, and
 the GPU pipeline script runs start to finish on a CPU at toy size."""
 
+import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,7 +24,7 @@ from ddtree.training.dflash import DFlashTrainConfig, new_dflash, train_dflash
 from ddtree.training.loop import Budget, OptimConfig
 from ddtree.training.mtp import MTPTrainConfig, train_mtp
 from ddtree.training.pair import load_pair
-from ddtree.training.pipeline import PipelineConfig, run_pipeline
+from ddtree.training.pipeline import STAGES, PipelineConfig, Run, reuse_target, run_pipeline, stage_dflash
 from ddtree.training.sequences import regenerate
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
@@ -122,3 +124,19 @@ def test_gpu_pipeline_script_runs_end_to_end_on_cpu(tmp_path):
     logs = []
     run_pipeline(PipelineConfig(corpus=corpus, work=work, device="cpu"), log=logs.append)
     assert sum("skipped" in line for line in logs) == 6
+    # Continued: the same target's drafters train on from the finished pair's weights.
+    earlier = tmp_path / "unpacked" / "pair"
+    spec = importlib.util.spec_from_file_location("shipped_pair", ROOT / "experiments" / "shipped_pair.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    again = dataclasses.replace(script.smoke(PipelineConfig(corpus=corpus, work=tmp_path / "again", device="cpu")),
+                                continue_from=earlier, seed=1, stages=STAGES[:-1],
+                                dflash_budget=Budget(max_steps=3), mtp_budget=Budget(max_steps=2))
+    reuse_target(again, earlier)
+    metrics = run_pipeline(again, log=logs.append)
+    assert metrics["dflash"]["steps"] == 3 and metrics["dflash"]["continued_from"]["steps"] == 20
+    assert metrics["mtp"]["continued_from"]["steps"] == 20
+    card = (again.pair / "README.md").read_text()
+    assert "| 20 + 3 |" in card and "| 20 + 2 |" in card and "continued from an earlier build" in card
+    with pytest.raises(FileNotFoundError, match="no dflash/ checkpoint"):
+        stage_dflash(Run(dataclasses.replace(again, continue_from=tmp_path / "nothing"), print))
