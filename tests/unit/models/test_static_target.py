@@ -27,6 +27,38 @@ def test_greedy_identity_with_a_static_cache(tiny_models, family):
             assert engine.generate(prompt, max_new_tokens=48).tokens == expected.tolist()
 
 
+def test_fused_kernels_keep_greedy_identity_and_leave_the_model_stock(tiny_models, family, monkeypatch):
+    from ddtree.models import fused
+
+    used = []
+    monkeypatch.setattr(fused, "compiled", lambda fn: used.append(fn) or fn)  # the plain math: no compiler on CPU
+    model = tiny_models[family]
+    prompt = torch.arange(4, 17)
+    expected = greedy_reference(model, prompt, 32)
+    target = StaticTarget(model, max_length=256, cuda_graphs=False, fuse=True)
+    engine = SpeculativeEngine(target, OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10),
+                               BestFirstTreeBuilder(32), DenseMaskCompiler(), GreedyVerifier())
+    assert engine.generate(prompt, max_new_tokens=32).tokens == expected
+    assert fused.rms_norm in used and target.fuse
+    assert not [name for name, m in model.named_modules() if "forward" in m.__dict__]
+
+
+def test_a_failing_compiler_falls_back_to_the_stock_kernels(tiny_models, monkeypatch):
+    from ddtree.models import fused
+
+    def broken(fn):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no compiler")
+        return fail
+    monkeypatch.setattr(fused, "compiled", broken)
+    model = tiny_models["qwen3"]
+    prompt = torch.arange(4, 17)
+    target = StaticTarget(model, max_length=256, cuda_graphs=False, fuse=True)
+    engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
+    assert engine.generate(prompt, max_new_tokens=16).tokens == greedy_reference(model, prompt, 16)
+    assert not target.fuse
+
+
 def test_static_commit_matches_dynamic_commit(tiny_models):
     model = tiny_models["qwen3"]
     static, dynamic = StaticTarget(model, max_length=64, cuda_graphs=False), HFTarget(model)

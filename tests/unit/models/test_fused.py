@@ -1,0 +1,202 @@
+"""The fused norm / MLP / rotary functions are the stock math, and ``fused_ops`` leaves no trace."""
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen3 import modeling_qwen3
+
+from ddtree.models import fused
+from ddtree.models.fused import compiled, fused_ops, rms_norm, rotary, silu_mul
+from ddtree.testing import tiny_target
+
+MODELING = {"qwen3": modeling_qwen3, "llama": modeling_llama}
+PREFIX = {"qwen3": "Qwen3", "llama": "Llama"}
+ORIGINAL_ROTARY = {name: mod.apply_rotary_pos_emb for name, mod in MODELING.items()}
+
+
+def _ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(seed))
+
+
+def _expected_count(model, family: str) -> int:
+    layers = model.config.num_hidden_layers
+    norms_per_layer = 4 if family == "qwen3" else 2  # Qwen3 adds q_norm and k_norm
+    return layers * norms_per_layer + 1 + layers      # + final norm, + one MLP per layer
+
+
+def _assert_stock(model) -> None:
+    assert not [name for name, m in model.named_modules() if "forward" in m.__dict__]
+    for name, mod in MODELING.items():
+        assert mod.apply_rotary_pos_emb is ORIGINAL_ROTARY[name]
+    assert not fused._PATCHES
+
+
+@torch.no_grad()
+def test_fused_forward_is_bitwise_the_stock_one(tiny_models, family):
+    model = tiny_models[family]
+    ref = model(_ids()).logits
+    with fused_ops(model, compile=False) as count:
+        assert MODELING[family].apply_rotary_pos_emb is rotary
+        out = model(_ids()).logits
+    assert count == _expected_count(model, family) > 0
+    assert torch.equal(out, ref)
+    _assert_stock(model)
+    assert torch.equal(model(_ids()).logits, ref)
+
+
+@torch.no_grad()
+def test_the_fused_functions_are_the_ones_called(tiny_models, family, monkeypatch):
+    model, calls = tiny_models[family], {"rms_norm": 0, "silu_mul": 0, "rotary": 0}
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    for name in calls:
+        monkeypatch.setattr(fused, name, spy(name, getattr(fused, name)))
+    with fused_ops(model, compile=False) as count:
+        model(_ids())
+    layers = model.config.num_hidden_layers
+    assert calls == {"rms_norm": count - layers, "silu_mul": layers, "rotary": layers}
+
+
+def test_attention_reads_the_rotary_as_a_module_global(family):
+    mod = MODELING[family]
+    forward = inspect.unwrap(getattr(mod, f"{PREFIX[family]}Attention").forward)
+    assert "apply_rotary_pos_emb" in forward.__code__.co_names and forward.__globals__ is vars(mod)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_functions_equal_the_hf_modules_bitwise(tiny_models, family, dtype):
+    mod, prefix, config = MODELING[family], PREFIX[family], tiny_models[family].config
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        norm = getattr(mod, f"{prefix}RMSNorm")(64, eps=1e-5).to(dtype)
+        norm.weight.copy_(torch.randn(64, generator=g) * 0.5 + 1)
+        mlp = getattr(mod, f"{prefix}MLP")(config).to(dtype)
+        x = (torch.randn(3, 7, 64, generator=g) * 3).to(dtype)
+        assert torch.equal(rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+
+        gate, up = torch.randn(2, 3, 128, generator=g).to(dtype), torch.randn(2, 3, 128, generator=g).to(dtype)
+        assert torch.equal(silu_mul(gate, up), ACT2FN["silu"](gate) * up)
+        assert torch.equal(mlp.down_proj(silu_mul(mlp.gate_proj(x), mlp.up_proj(x))), mlp(x))
+
+        rope = getattr(mod, f"{prefix}RotaryEmbedding")(config)
+        positions = torch.arange(5)[None].expand(2, -1) + torch.tensor([[0], [9]])
+        cos, sin = rope(x, positions)  # [2, 5, 16], cast to dtype like the model's
+        q, k = torch.randn(2, 4, 5, 16, generator=g).to(dtype), torch.randn(2, 2, 5, 16, generator=g).to(dtype)
+        for got, want in zip(rotary(q, k, cos, sin), mod.apply_rotary_pos_emb(q, k, cos, sin)):
+            assert torch.equal(got, want)
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # [b, s, h, d] with unsqueeze_dim=2
+        for got, want in zip(rotary(qt, kt, cos, sin, unsqueeze_dim=2),
+                             mod.apply_rotary_pos_emb(qt, kt, cos, sin, unsqueeze_dim=2)):
+            assert torch.equal(got, want)
+
+
+def test_everything_is_restored_after_an_exception(tiny_models, family):
+    model = tiny_models[family]
+    with pytest.raises(RuntimeError, match="boom"):
+        with fused_ops(model, compile=False):
+            raise RuntimeError("boom")
+    _assert_stock(model)
+
+
+def test_a_preexisting_instance_forward_comes_back(tiny_models):
+    model = tiny_models["qwen3"]
+    norm = model.model.norm
+    own = norm.forward.__func__.__get__(norm)  # what ``kernels.kernelize`` leaves: a bound instance forward
+    norm.forward = own
+    try:
+        with fused_ops(model, compile=False):
+            assert norm.__dict__["forward"] is not own
+        assert norm.__dict__["forward"] is own
+    finally:
+        del norm.forward
+    _assert_stock(model)
+
+
+@torch.no_grad()
+def test_nested_and_interleaved_contexts_restore(tiny_models):
+    model, other = tiny_models["qwen3"], tiny_target("qwen3", num_layers=2, seed=1)
+    ref = model(_ids()).logits
+    with fused_ops(model, compile=False) as outer:
+        with fused_ops(model, compile=False) as inner:
+            assert inner == outer
+        assert "forward" in model.model.norm.__dict__ and modeling_qwen3.apply_rotary_pos_emb is rotary
+        assert torch.equal(model(_ids()).logits, ref)
+    _assert_stock(model)
+    # Two models share the module global; the first to leave must not unpatch the other.
+    a, b = fused_ops(model, compile=False), fused_ops(other, compile=False)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert modeling_qwen3.apply_rotary_pos_emb is rotary and "forward" in other.model.norm.__dict__
+    assert "forward" not in model.model.norm.__dict__
+    b.__exit__(None, None, None)
+    _assert_stock(model)
+    _assert_stock(other)
+
+
+def test_other_classes_are_left_alone(tiny_models):
+    class ScaledNorm(modeling_qwen3.Qwen3RMSNorm):  # a subclass may change the formula
+        def forward(self, hidden_states):
+            return 2 * super().forward(hidden_states)
+
+    config = modeling_qwen3.Qwen3Config(hidden_size=64, intermediate_size=128, hidden_act="gelu")
+    box = nn.ModuleList([modeling_qwen3.Qwen3RMSNorm(64), ScaledNorm(64), modeling_qwen3.Qwen3MLP(config)])
+    with fused_ops(box, compile=False) as count:
+        assert count == 1 and "forward" in box[0].__dict__
+        assert "forward" not in box[1].__dict__ and "forward" not in box[2].__dict__  # gelu MLP: not SiLU
+        assert modeling_qwen3.apply_rotary_pos_emb is ORIGINAL_ROTARY["qwen3"]  # no Qwen3 attention in it
+    _assert_stock(box)
+
+
+@torch.no_grad()
+def test_a_hybrid_gets_nothing(tiny_models):
+    model = tiny_models["qwen35"]  # Qwen3.5 norms are ``(1 + weight)``: a different formula
+    ref = model(_ids()).logits
+    with fused_ops(model, compile=False) as count:
+        assert count == 0 and not [m for m in model.modules() if "forward" in m.__dict__]
+        assert not fused._PATCHES
+        assert torch.equal(model(_ids()).logits, ref)
+    _assert_stock(model)
+
+
+# A cold Inductor compile of even rms_norm takes ~45 s on the 2-core CPU machine (8 s warm).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.compile is too slow on CPU for a unit test")
+def test_compiled_rms_norm_matches_the_plain_one():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(3, 7, 64, generator=g).cuda(), torch.randn(64, generator=g).cuda()
+    torch.testing.assert_close(compiled(rms_norm)(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    assert compiled(rms_norm) is compiled(rms_norm)
+
+
+@torch.no_grad()
+def test_an_older_rotary_signature_is_adapted_and_an_unknown_one_left(tiny_models, monkeypatch):
+    model, calls = tiny_models["qwen3"], []
+
+    def with_position_ids(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):  # the 5.x-before-removal form
+        calls.append(position_ids)
+        return ORIGINAL_ROTARY["qwen3"](q, k, cos, sin, unsqueeze_dim)
+
+    def unknown(q, k, cos, sin, scale):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", with_position_ids)
+    ref = model(_ids()).logits
+    calls.clear()
+    with fused_ops(model, compile=False):
+        adapted = modeling_qwen3.apply_rotary_pos_emb
+        assert adapted is not with_position_ids and list(inspect.signature(adapted).parameters)[4] == "position_ids"
+        assert torch.equal(model(_ids()).logits, ref) and not calls
+    assert modeling_qwen3.apply_rotary_pos_emb is with_position_ids
+    monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", unknown)
+    with fused_ops(model, compile=False):
+        assert modeling_qwen3.apply_rotary_pos_emb is unknown
+    assert not fused._PATCHES
