@@ -213,3 +213,43 @@ def chi_square_p_value(counts: dict, probs: dict, total: int) -> float:
     stat = ((o - e) ** 2 / e).sum()
     dof = torch.tensor((len(observed) - 1) / 2, dtype=torch.float64)
     return float(torch.special.gammaincc(dof, stat / 2))
+
+
+class ReplayDrafter:
+    """Drafts a known continuation (the target's greedy text, say) without running any model.
+
+    ``sequences`` are full token sequences (prompt + continuation); ``reset`` finds the one that
+    starts with the prompt. At each depth the next known token gets most of the mass and a random
+    other token the rest; with ``swap_prob`` the two trade places, so chains fail where trees with
+    siblings still accept. ``hidden_layers`` are taps the target must capture (they are unused),
+    so a test can exercise tap capture at no drafting cost. Fast enough for GPU test sweeps.
+    """
+
+    def __init__(self, sequences, vocab_size: int, depth: int = 7, swap_prob: float = 0.3, seed: int = 0,
+                 hidden_layers: tuple[int, ...] = ()) -> None:
+        self.sequences = [list(map(int, s)) for s in sequences]
+        self.vocab_size, self.depth, self.swap_prob = vocab_size, depth, swap_prob
+        self.hidden_layers = tuple(hidden_layers)
+        self.rng = torch.Generator().manual_seed(seed)
+        self.known: list[int] = []
+        self.position = 0
+
+    def reset(self, prompt) -> None:
+        ids = prompt.tokens.tolist()
+        self.known = next((s for s in self.sequences if s[: len(ids)] == ids), ids)
+        self.position = len(ids)  # the bonus token sits at index position
+
+    def draft(self, root_token: int):
+        from ddtree.types import Draft
+
+        logits = torch.full((self.depth, self.vocab_size), -12.0)
+        for d in range(self.depth):
+            i = self.position + 1 + d
+            known = self.known[i] if i < len(self.known) else 0
+            other = (known + 1 + int(torch.randint(0, self.vocab_size - 1, (), generator=self.rng))) % self.vocab_size
+            first, second = (other, known) if torch.rand((), generator=self.rng) < self.swap_prob else (known, other)
+            logits[d, first], logits[d, second] = 0.0, -2.0
+        return Draft(torch.log_softmax(logits, dim=-1))
+
+    def accept(self, verification, context) -> None:
+        self.position += len(verification.tokens)

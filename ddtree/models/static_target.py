@@ -11,7 +11,9 @@ mask hides. The mask is ``[1, 1, groups * n, W]``: W, the live width rounded up 
 ``width_step``, tells the attention (``ddtree.models.attention``) how many cache rows to read,
 and its rows are repeated once per query head sharing a K/V head, so no K/V copy is made. One
 graph is kept per (n, W), each with its own memory pool (graphs that share one cannot be
-thrown away safely when the taps change). With ``fuse`` (on with graphs), the target's RMSNorms,
+thrown away safely when the taps change). A graph reads the mask buffer it was recorded with,
+so that buffer belongs to its (n, W) for the target's lifetime: a prefill of n tokens builds a
+mask of its own and never touches a verify buffer. With ``fuse`` (on with graphs), the target's RMSNorms,
 rotary embedding and SiLU-and-mul run as ``torch.compile``d kernels inside its forwards
 (``ddtree.models.fused``): inside a graph the many tiny eager kernels they otherwise launch
 cost about a third of a budget-256 verify.
@@ -20,6 +22,7 @@ cost about a third of a budget-256 verify.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -33,6 +36,20 @@ from ddtree.models.target import HFTarget
 from ddtree.types import TargetOutput, VerifyInputs
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _VerifyGraph:
+    """One captured verify of n tokens over W cache rows, with every buffer it reads or writes:
+    the inputs are copied into ``ids`` and ``positions`` and the mask rewritten in ``mask``
+    before each replay; ``logits`` ``[n, vocab]`` and ``taps`` are overwritten by it."""
+
+    graph: torch.cuda.CUDAGraph
+    ids: Tensor  # [1, n]
+    positions: Tensor  # [1, n]
+    mask: Tensor  # [1, 1, groups * n, W]
+    logits: Tensor
+    taps: Tensor | None
 
 
 class StaticTarget(HFTarget):
@@ -58,7 +75,7 @@ class StaticTarget(HFTarget):
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
         self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
         self._mask_past: dict[tuple[int, int], int] = {}  # (n, W) -> the prefix length its buffer was last written for
-        self._graphs: dict[tuple[int, int], tuple] = {}  # (n, W) -> (graph, ids, positions, logits, taps)
+        self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
         self._counters: list[Tensor] = []
 
     def _forward(self, ids: Tensor, positions: Tensor, mask, logits_to_keep: int) -> TargetOutput:
@@ -98,28 +115,29 @@ class StaticTarget(HFTarget):
         self.new_cache()
         self.past_length = 0
         causal = torch.tril(torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool))
-        mask = self._full_mask(ids.shape[1], causal, 0)
+        # A mask of its own: the verify buffer of the same (n, W), if any, is read by a graph.
+        mask = self._full_mask(ids.shape[1], causal, 0, keep=False)
         out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
-        del self._masks[(ids.shape[1], mask.shape[-1])]  # a prompt-sized buffer is not reused
-        del self._mask_past[(ids.shape[1], mask.shape[-1])]
         self._check_cache()
         self.past_length = ids.shape[1]
         return out
 
-    def _full_mask(self, n: int, tree_part: Tensor, past: int) -> Tensor:
+    def _full_mask(self, n: int, tree_part: Tensor, past: int, keep: bool = True) -> Tensor:
         """The folded ``[1, 1, groups * n, W]`` additive mask: prefix visible, the tree part as
-        given (a bool ``[n, n]`` or a MaskCompiler's additive ``[1, 1, n, past + n]``), rest hidden."""
+        given (a bool ``[n, n]`` or a MaskCompiler's additive ``[1, 1, n, past + n]``), rest hidden.
+        ``keep``: the (n, W) buffer kept for verifies (rewritten in place); else a new one."""
         width = min(self.max_length, -(-(past + n) // self.width_step) * self.width_step)
         low = torch.finfo(self.dtype).min
         key = (n, width)
-        buf = self._masks.get(key)
+        buf = self._masks.get(key) if keep else None
         if buf is None:
             buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
+            if not keep:
+                buf.view(self.groups, n, width)[:, :, :past] = 0
+                buf.view(self.groups, n, width)[:, :, past : past + n] = self._block(tree_part, past, n, low)
+                return buf
             self._masks[key], self._mask_past[key] = buf, 0
-        if tree_part.dtype == torch.bool:
-            block = torch.where(tree_part.to(buf.device), 0.0, low).to(self.dtype)
-        else:
-            block = tree_part[0, 0, :, past : past + n]
+        block = self._block(tree_part, past, n, low)
         # Only what changed since this buffer's last use is written. Within a sequence the prefix
         # only grows: the columns it gained (the last block's among them) become 0, the new block
         # covers the rest of the last one, and the tail beyond it was already hidden.
@@ -134,6 +152,12 @@ class StaticTarget(HFTarget):
         self._mask_past[key] = past
         return buf
 
+    def _block(self, tree_part: Tensor, past: int, n: int, low: float) -> Tensor:
+        """The ``[n, n]`` additive tree block of a bool ``[n, n]`` or an additive ``[1, 1, n, past + n]`` mask."""
+        if tree_part.dtype == torch.bool:
+            return torch.where(tree_part.to(self.input_device), 0.0, low).to(self.dtype)
+        return tree_part[0, 0, :, past : past + n]
+
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         n, past = inputs.input_ids.shape[1], inputs.past_length
         if past + n > self.max_length:
@@ -144,13 +168,15 @@ class StaticTarget(HFTarget):
         key = (n, mask.shape[-1])
         if key not in self._graphs:
             self._graphs[key] = self._record_graph(n, mask)
-        graph, ids, positions, logits, taps = self._graphs[key]
-        ids.copy_(inputs.input_ids, non_blocking=True)
-        positions.copy_(inputs.position_ids, non_blocking=True)
-        graph.replay()
-        return TargetOutput(tokens=inputs.input_ids[0], logits=logits, taps=taps)
+        rec = self._graphs[key]
+        if rec.mask is not mask:  # the graph would read a buffer nobody writes any more
+            raise RuntimeError(f"the verify graph for {key} reads another mask buffer than the one written")
+        rec.ids.copy_(inputs.input_ids, non_blocking=True)
+        rec.positions.copy_(inputs.position_ids, non_blocking=True)
+        rec.graph.replay()
+        return TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps)
 
-    def _record_graph(self, n: int, mask: Tensor) -> tuple:
+    def _record_graph(self, n: int, mask: Tensor) -> "_VerifyGraph":
         """Record one verify of n tokens. Warm-up runs write rows past the committed length only,
         and every counter is set back afterwards, so capturing never disturbs the sequence."""
         ids = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
@@ -167,7 +193,7 @@ class StaticTarget(HFTarget):
         with torch.cuda.graph(graph):
             out = self._forward(ids, positions, mask, logits_to_keep=0)
         self._set_counters(start)
-        return graph, ids, positions, out.logits, out.taps
+        return _VerifyGraph(graph, ids, positions, mask, out.logits, out.taps)
 
     def _set_counters(self, length: int) -> None:
         torch._foreach_zero_(self._counters)  # two fused launches instead of one per layer

@@ -10,7 +10,7 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget
 from ddtree.models.static_target import StaticTarget
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
-from ddtree.testing import greedy_reference
+from ddtree.testing import ReplayDrafter, greedy_reference
 from ddtree.types import Draft
 from ddtree.verifiers import GreedyVerifier
 
@@ -94,3 +94,20 @@ def test_folded_mask_written_incrementally_equals_a_fresh_one(tiny_models, steps
         want[:, :past] = 0
         want[:, past : past + n] = torch.where(block, 0.0, low)
         assert torch.equal(mask.view(target.groups, n, width), want.expand(target.groups, n, width))
+
+
+def test_a_prefill_as_long_as_a_verify_leaves_that_verify_buffer_alone(tiny_models):
+    # A graph reads the (n, W) buffer it was recorded with: a prefill of n tokens must neither
+    # rewrite nor drop it (it once did both, and a graphed verify then read freed memory).
+    target = StaticTarget(tiny_models["qwen3"], max_length=128, cuda_graphs=False, width_step=16)
+    prompt = torch.arange(4, 10)
+    drafter = ReplayDrafter([prompt.tolist() + greedy_reference(tiny_models["qwen3"], prompt, 16)], 96, depth=4)
+    engine = SpeculativeEngine(target, drafter, BestFirstTreeBuilder(4), DenseMaskCompiler(), GreedyVerifier())
+    engine.generate(prompt, max_new_tokens=8)  # the first verify: 5 tokens after 6, a (5, 16) buffer
+    buffers = dict(target._masks)
+    contents = {key: buf.clone() for key, buf in buffers.items()}
+    with torch.inference_mode():
+        target.prefill(torch.arange(5, 10))  # 5 tokens: the verify size of budget 4
+    assert (5, 16) in buffers and target._masks.keys() == buffers.keys()
+    for key, buf in buffers.items():
+        assert target._masks[key] is buf and torch.equal(buf, contents[key])

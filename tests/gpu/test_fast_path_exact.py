@@ -1,0 +1,92 @@
+"""The fast path on a GPU, in fp32: every strategy, budget order and fast-path combination gives
+the target's own greedy tokens (run with ``pytest -m gpu`` on a machine with CUDA).
+
+One ``StaticTarget`` serves every engine of a sequence, as in the benchmarks and notebooks.
+The prompts include one as long as a verify (prefill and verify share an (n, W) shape) and one
+that crosses a mask-width bucket during generation; the budget sequences revisit sizes after
+others. ``ReplayDrafter`` drafts the known greedy text with swaps, so paths are long and often
+not a prefix of the tree (the commit moves rows), at no drafting cost.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import DFlashDrafter, NullDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models.static_target import StaticTarget
+from ddtree.testing import ReplayDrafter, greedy_reference, tiny_dflash, tiny_target
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.verifiers import GreedyVerifier
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+VOCAB, NEW, BLOCK = 128, 96, 8
+LENGTHS = (5, 13, 29, 200)  # 5 = the verify size of budget 4; 200 + 96 crosses the 256-row bucket
+SEQUENCES = {
+    "sizes-revisited": [4, 2, 3, 5, 6, 7, 8, 4],
+    "chain-between": [4, "chain", 4, 16, 4],
+    "all-strategies": ["ar", "chain", 1, 4, 16, 64, 4],
+}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = tiny_target("qwen3", vocab_size=VOCAB).cuda()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
+    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
+    dflash = tiny_dflash(model, block_size=BLOCK).cuda()
+    return model, prompts, refs, dflash
+
+
+def _engine(setup, target, drafter_kind: str, budget) -> SpeculativeEngine:
+    model, prompts, refs, dflash = setup
+    if budget == "ar":
+        drafter, tree = NullDrafter(), ChainTreeBuilder()
+    else:
+        tree = ChainTreeBuilder() if budget == "chain" else BestFirstTreeBuilder(budget)
+        if drafter_kind == "replay":
+            drafter = ReplayDrafter([p.tolist() + r for p, r in zip(prompts, refs)], VOCAB, depth=BLOCK - 1,
+                                    hidden_layers=(1, 2))
+        else:
+            drafter = DFlashDrafter(dflash, target, BLOCK, max_length=512, cuda_graphs=drafter_kind == "dflash-graph")
+    return SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+
+
+def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
+    _, prompts, refs, _ = setup
+    for budget in budgets:
+        engine = _engine(setup, target, drafter_kind, budget)
+        for prompt, ref in zip(prompts, refs):
+            tokens = engine.generate(prompt, max_new_tokens=NEW).tokens
+            assert tokens == ref[:NEW], f"budget {budget}, prompt of {prompt.numel()} tokens: parts at " \
+                f"{next(i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b)}"
+
+
+@pytest.mark.parametrize("sequence", sorted(SEQUENCES))
+@pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph", "dflash-eager"])
+@pytest.mark.parametrize("graphs,fuse", [(True, False), (True, True), (False, False)], ids=["graphs", "graphs-fused", "eager"])
+def test_budget_sequences_on_one_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse):
+    target = StaticTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse)
+    _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
+
+
+def test_llama_sizes_revisited_fused(setup):
+    model = tiny_target("llama", vocab_size=VOCAB).cuda()
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
+    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
+    llama = (model, prompts, refs, tiny_dflash(model, block_size=BLOCK).cuda())
+    _check_sequence(llama, StaticTarget(model, max_length=512), "replay", [4, 2, 5, 4, "ar", 4])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.sampled_from(["ar", "chain", 1, 2, 4, 7, 16, 64]), min_size=2, max_size=6))
+def test_any_budget_order_is_greedy(setup, steps):
+    target = StaticTarget(setup[0], max_length=512)  # the default fast path: graphs and fused kernels
+    _check_sequence(setup, target, "replay", steps)
