@@ -6,12 +6,15 @@ A strategy is a choice of one implementation per Protocol (see ``configs/``); th
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ddtree.types import Draft, TargetOutput, Tree, Verification, VerifyInputs
+
+if TYPE_CHECKING:  # only ddtree.models imports transformers
+    from transformers import PretrainedConfig
 
 
 @runtime_checkable
@@ -54,16 +57,29 @@ class Verifier(Protocol):
 
 @runtime_checkable
 class Target(Protocol):
-    """A causal LM seen as prefill, tree forward and commit (``ddtree.models``)."""
+    """A causal LM seen as prefill, tree forward and commit (``ddtree.models``).
 
-    vocab_size: int
+    Everything a part reads from a target is declared here: the engine drives the three calls
+    and the bookkeeping above them; drafters borrow the embeddings and the LM head, check their
+    shapes against ``config``/``layers``/``vocab_size``, and size their caches by ``max_length``;
+    drafters built from the target's own weights (random test drafters, the oracle) read ``model``.
+    """
+
+    model: nn.Module  # the wrapped transformers model (batch 1, eval mode)
+    config: PretrainedConfig  # its text config (hidden_size, num_hidden_layers, ...)
+    layers: Sequence[nn.Module]  # the decoder layers; hidden tap i is the output of layers[i]
+    vocab_size: int  # rows of the LM head: logits are [n, vocab_size]
     max_length: int  # context length the model supports
     past_length: int  # committed tokens in the cache
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the input embeddings (masks are built in it)
     input_device: torch.device  # where token ids and masks go in
-    output_device: torch.device  # where logits come out
+    output_device: torch.device  # where logits (and taps) come out
 
-    def set_taps(self, layers: Sequence[int]) -> None: ...
+    def set_taps(self, layers: Sequence[int]) -> None: ...  # capture these layers on every forward
+
+    def embed(self, token_ids: Tensor) -> Tensor: ...  # [..., t] -> [..., t, hidden], on the embedding's device
+
+    def lm_head(self, hidden: Tensor) -> Tensor: ...  # [..., hidden] -> [..., vocab], on output_device
 
     def prefill(self, input_ids: Tensor) -> TargetOutput: ...  # [T] -> logits of the last row
 
