@@ -13,7 +13,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 import ddtree.models.hybrid as hybrid
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, HybridTarget
-from ddtree.models.hybrid import target_for
+from ddtree.models import target_for
 from ddtree.testing import tiny_hybrid_target, tiny_target
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft
@@ -231,28 +231,6 @@ def test_target_for_and_the_refusals(model):
         HFTarget(model).prefill(PROMPT)
     with pytest.raises(ValueError, match="no Gated DeltaNet layers"):
         HybridTarget(plain)
-
-
-def test_target_for_picks_the_fast_path_only_where_it_fits(model):
-    from ddtree.models.static_target import StaticTarget
-
-    plain = tiny_target("qwen3")
-    assert type(target_for(plain, fast="auto")) is HFTarget  # on a CPU the fast path does not fit
-    static = target_for(plain, fast=True)
-    assert type(static) is StaticTarget and not static.cuda_graphs and static.max_length == 8192
-    assert type(target_for(plain, max_length=64, fast=True)) is StaticTarget
-    assert type(target_for(model, fast=True)) is HybridTarget  # GDN state has no static cache
-    with pytest.raises(ValueError, match="fast must be true, false or auto"):
-        target_for(plain, fast="yes")
-
-
-def test_only_dense_full_attention_models_are_graphable(model):
-    from transformers import Qwen3Config, Qwen3MoeConfig
-
-    from ddtree.models.hybrid import graphable
-
-    assert graphable(Qwen3Config()) and graphable(tiny_target("llama").config)
-    assert not graphable(Qwen3MoeConfig()) and not graphable(model.config.get_text_config())
 
 
 def test_a_gdn_layer_that_bypasses_verify_mode_is_caught(model, monkeypatch):
