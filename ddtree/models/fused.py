@@ -5,6 +5,12 @@ kernels (to float32, pow, mean, add eps, rsqrt, mul, to dtype, mul weight), the 
 ~10 (mul, neg, cat, mul, add for q and k) and the MLP's ``act(gate) * up`` two. ``fused_ops``
 swaps them, for one model and only while the context is open, for free functions with exactly
 the stock math that ``torch.compile`` (Inductor) turns into one kernel each.
+
+Everything is an instance attribute of that model's modules; no module global changes. The
+attention reads ``apply_rotary_pos_emb`` as a global of its modeling module, so each attention
+module gets an instance ``forward`` that is its class's forward rebuilt over a copy of those
+globals in which the name is the fused rotary (decorators such as ``deprecate_kwarg`` rebuilt
+around it). Another model of the same family, in no context, keeps the stock rotary.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import importlib
 import inspect
 import logging
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -76,10 +83,31 @@ def compiled(fn: Callable) -> Callable:
     return _COMPILED[fn]
 
 
+# What a missing or broken compiler raises: torch._dynamo's BackendCompilerFailed and Unsupported
+# and Inductor's InvalidCxxCompiler/CppCompileError are RuntimeErrors; a missing Triton is an
+# ImportError or a RuntimeError; a missing compiler executable an OSError.
+COMPILER_ERRORS = (RuntimeError, ImportError, OSError)
+
+
+def probe(dtype: torch.dtype, device: torch.device) -> None:
+    """Compile and run each fused function once on tiny tensors of ``dtype`` on ``device``.
+
+    Raises what the compiler raises (one of ``COMPILER_ERRORS``); run it outside any model
+    forward, so that a failure here means "no working compiler" and nothing else.
+
+    >>> probe(torch.float32, torch.device("cuda"))     # doctest: +SKIP
+    """
+    x = torch.ones(1, 2, 8, dtype=dtype, device=device)  # [b, n, hidden]
+    compiled(rms_norm)(x, torch.ones(8, dtype=dtype, device=device), 1e-6)
+    compiled(silu_mul)(x, x)
+    q, cos = torch.ones(1, 2, 2, 8, dtype=dtype, device=device), torch.ones(1, 2, 8, dtype=dtype, device=device)
+    compiled(rotary)(q, q, cos, cos)  # q, k [b, heads, n, head_dim]; cos, sin [b, n, head_dim]
+
+
 # -- reversible attribute patches --------------------------------------------------------------
-# Each (object, name) keeps its original value and a stack of (owner, value); the top one is
-# live, and when the last owner leaves the original comes back. So nested and interleaved
-# contexts (two models of one family share the modeling module's globals) restore correctly.
+# Each (module, "forward") keeps its original value and a stack of (owner, value); the top one
+# is live, and when the last owner leaves the original comes back. So nested and interleaved
+# contexts on one model restore correctly.
 
 _MISSING = object()
 _PATCHES: dict[tuple[int, str], tuple[Any, Any, list[tuple[object, Any]]]] = {}
@@ -93,14 +121,6 @@ def _push(holder: Any, name: str, value: Any, owner: object) -> None:
             _PATCHES[key] = (holder, vars(holder).get(name, _MISSING), [])
         _PATCHES[key][2].append((owner, value))
         setattr(holder, name, value)
-
-
-def _original(holder: Any, name: str) -> Any:
-    """``holder.name`` as it was before any patch (``None`` if unset)."""
-    with _LOCK:
-        entry = _PATCHES.get((id(holder), name))
-        value = vars(holder).get(name, _MISSING) if entry is None else entry[1]
-    return None if value is _MISSING else value
 
 
 def _pop_all(owner: object) -> None:
@@ -166,6 +186,43 @@ def _rotary_for(original: Any, fn: Callable) -> Callable | None:
     return None
 
 
+def _with_globals(fn: Callable, overrides: dict[str, Any]) -> Callable | None:
+    """``fn`` whose innermost function reads ``overrides`` before its own module's globals.
+
+    The innermost function (``fn.__wrapped__`` all the way down) is rebuilt over a copy of its
+    globals; each decorator layer above it (a ``functools.wraps`` wrapper holding the function
+    it wraps in a closure cell, like ``deprecate_kwarg``) is rebuilt around the new one, so the
+    decorators still run. None for a wrapper of another shape.
+    """
+    inner = getattr(fn, "__wrapped__", None)
+    if not isinstance(fn, types.FunctionType) or (inner is not None and not isinstance(inner, types.FunctionType)):
+        return None
+    if inner is None:
+        new = types.FunctionType(fn.__code__, {**fn.__globals__, **overrides}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    else:
+        rebuilt = _with_globals(inner, overrides)
+        cells = fn.__closure__ or ()
+        holding = [i for i, cell in enumerate(cells) if _contents(cell) is inner]
+        if rebuilt is None or len(holding) != 1:
+            return None
+        closure = tuple(types.CellType(rebuilt) if i in holding else cell for i, cell in enumerate(cells))
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    new.__dict__.update(fn.__dict__)
+    if inner is not None:
+        new.__wrapped__ = rebuilt
+    new.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
+    new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    return new
+
+
+def _contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
 def _norm_forward(module: nn.Module, fn: Callable) -> Callable:
     def forward(hidden_states: Tensor) -> Tensor:
         return fn(hidden_states, module.weight, module.variance_epsilon)
@@ -182,14 +239,16 @@ def _mlp_forward(module: nn.Module, fn: Callable) -> Callable:
 def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
     """Run ``model``'s Qwen3/Llama RMSNorms, SiLU MLPs and rotary embedding through the fused functions.
 
-    Patches instance ``forward`` attributes of the matching submodules (exact class, so subclasses
-    and other norms are untouched) and, where the attention reads it as a module global, the
-    modeling module's ``apply_rotary_pos_emb``. That global is process-wide: while the context is
-    open, every model of that family uses the fused rotary (same math). Everything is restored on
-    exit, exceptions included. ``compile=False`` uses the plain functions (bitwise the stock
-    result); ``compile=True`` their ``torch.compile``d versions (close, not bitwise: Inductor skips
-    some intermediate roundings), compiled on first call, so warm up before a graph capture.
-    Yields the number of norms and MLPs patched (0 for a family not covered).
+    Sets instance ``forward`` attributes on the matching submodules (exact class, so subclasses
+    and other norms are untouched): norms and MLPs call the fused functions; attention modules
+    run their class's forward with the fused rotary in place of ``apply_rotary_pos_emb`` (an
+    attention module that already has an instance forward of its own, e.g. a hook's, keeps it
+    and the stock rotary). Nothing outside ``model`` changes: other models of the family, and
+    the modeling module's globals, are left alone. Everything is restored on exit, exceptions
+    included. ``compile=False`` uses the plain functions (bitwise the stock result);
+    ``compile=True`` their ``torch.compile``d versions (close, not bitwise: Inductor skips some
+    intermediate roundings), compiled on first call, so warm up (``probe``) before a graph
+    capture. Yields the number of norms and MLPs patched (0 for a family not covered).
 
     >>> with fused_ops(target.model) as n:     # doctest: +SKIP
     ...     logits = target.model(ids).logits
@@ -203,7 +262,6 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
     silu = _silu_types()
     patched = 0
     try:
-        present = {type(m) for m in model.modules()}
         for m in model.modules():
             if type(m) in norm_types:
                 _push(m, "forward", _norm_forward(m, norm_fn), owner)
@@ -212,13 +270,19 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
                 _push(m, "forward", _mlp_forward(m, mlp_fn), owner)
                 patched += 1
         for mod, _, _, attention in families:
-            if attention not in present or not _reads_rotary_global(attention, mod):
+            # Free: no instance forward, or one a fused_ops context set (nested contexts).
+            modules = [m for m in model.modules() if type(m) is attention
+                       and ("forward" not in vars(m) or (id(m), "forward") in _PATCHES)]
+            if not modules or not _reads_rotary_global(attention, mod):
                 continue
-            replacement = _rotary_for(_original(mod, ROTARY_GLOBAL), rotary_fn)
-            if replacement is None:
-                log.warning("%s.%s has an unknown signature; rotary left unfused", mod.__name__, ROTARY_GLOBAL)
+            replacement = _rotary_for(vars(mod).get(ROTARY_GLOBAL), rotary_fn)
+            forward = None if replacement is None else _with_globals(attention.forward, {ROTARY_GLOBAL: replacement})
+            if forward is None:
+                log.warning("%s.%s or %s.forward has an unknown shape; rotary left unfused", mod.__name__,
+                            ROTARY_GLOBAL, attention.__name__)
                 continue
-            _push(mod, ROTARY_GLOBAL, replacement, owner)
+            for m in modules:
+                _push(m, "forward", types.MethodType(forward, m), owner)
         yield patched
     finally:
         _pop_all(owner)

@@ -16,7 +16,8 @@ so that buffer belongs to its (n, W) for the target's lifetime: a prefill of n t
 mask of its own and never touches a verify buffer. With ``fuse`` (on with graphs), the target's RMSNorms,
 rotary embedding and SiLU-and-mul run as ``torch.compile``d kernels inside its forwards
 (``ddtree.models.fused``): inside a graph the many tiny eager kernels they otherwise launch
-cost about a third of a budget-256 verify.
+cost about a third of a budget-256 verify. The kernels are compiled once on tiny tensors before
+the first forward; only if that fails (no working compiler) does the target fall back to the stock ones.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class StaticTarget(HFTarget):
             raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
         self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
+        self._probed = False  # whether the fused functions were compiled once (``_probe_compiler``)
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
         self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
         self._mask_past: dict[tuple[int, int], int] = {}  # (n, W) -> the prefix length its buffer was last written for
@@ -79,17 +81,27 @@ class StaticTarget(HFTarget):
         self._counters: list[Tensor] = []
 
     def _forward(self, ids: Tensor, positions: Tensor, mask, logits_to_keep: int) -> TargetOutput:
+        if self.fuse and not self._probed:
+            self._probe_compiler()
         if not self.fuse:
             return super()._forward(ids, positions, mask, logits_to_keep)
-        try:
-            with fused.fused_ops(self.model):
-                return super()._forward(ids, positions, mask, logits_to_keep)
-        except Exception as err:  # no working compiler here: the stock kernels are the same math
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                raise
-            log.warning("fused kernels unavailable (%s: %s); StaticTarget runs the stock ones", type(err).__name__, err)
-            self.fuse = False
+        with fused.fused_ops(self.model):
             return super()._forward(ids, positions, mask, logits_to_keep)
+
+    def _probe_compiler(self) -> None:
+        """Compile the fused functions once, outside any forward: without a working compiler the
+        stock kernels run instead (the same math). An error of the forward itself propagates."""
+        self._probed = True
+        try:
+            fused.probe(self.dtype, self.input_device)
+        except fused.COMPILER_ERRORS as err:
+            log.warning(
+                "torch.compile does not work here (%s: %s), so StaticTarget runs the stock kernels instead of "
+                "the fused ones: the same tokens, slower inside CUDA graphs. Install a working C++ compiler "
+                "(and Triton on CUDA) for the fused kernels, or pass fuse=False to silence this.",
+                type(err).__name__, (str(err).splitlines() or [""])[0],
+            )
+            self.fuse = False
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:

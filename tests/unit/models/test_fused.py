@@ -1,10 +1,14 @@
 """The fused norm / MLP / rotary functions are the stock math, and ``fused_ops`` leaves no trace."""
 
+import functools
 import inspect
+import math
+import types
 
 import pytest
 import torch
 from torch import nn
+from transformers import DynamicCache
 from transformers.activations import ACT2FN
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen3 import modeling_qwen3
@@ -28,6 +32,15 @@ def _expected_count(model, family: str) -> int:
     return layers * norms_per_layer + 1 + layers      # + final norm, + one MLP per layer
 
 
+def _attention(model) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+
+def _rotary_of(attention) -> object:
+    """The ``apply_rotary_pos_emb`` an attention module's forward reads now."""
+    return inspect.unwrap(attention.forward).__globals__["apply_rotary_pos_emb"]
+
+
 def _assert_stock(model) -> None:
     assert not [name for name, m in model.named_modules() if "forward" in m.__dict__]
     for name, mod in MODELING.items():
@@ -40,7 +53,8 @@ def test_fused_forward_is_bitwise_the_stock_one(tiny_models, family):
     model = tiny_models[family]
     ref = model(_ids()).logits
     with fused_ops(model, compile=False) as count:
-        assert MODELING[family].apply_rotary_pos_emb is rotary
+        assert MODELING[family].apply_rotary_pos_emb is ORIGINAL_ROTARY[family]  # no module global changes
+        assert all(_rotary_of(m) is rotary for m in _attention(model))
         out = model(_ids()).logits
     assert count == _expected_count(model, family) > 0
     assert torch.equal(out, ref)
@@ -128,16 +142,16 @@ def test_nested_and_interleaved_contexts_restore(tiny_models):
     with fused_ops(model, compile=False) as outer:
         with fused_ops(model, compile=False) as inner:
             assert inner == outer
-        assert "forward" in model.model.norm.__dict__ and modeling_qwen3.apply_rotary_pos_emb is rotary
+        assert "forward" in model.model.norm.__dict__ and all(_rotary_of(m) is rotary for m in _attention(model))
         assert torch.equal(model(_ids()).logits, ref)
     _assert_stock(model)
-    # Two models share the module global; the first to leave must not unpatch the other.
+    # Two models of one family: the first to leave must not unpatch the other.
     a, b = fused_ops(model, compile=False), fused_ops(other, compile=False)
     a.__enter__()
     b.__enter__()
     a.__exit__(None, None, None)
-    assert modeling_qwen3.apply_rotary_pos_emb is rotary and "forward" in other.model.norm.__dict__
-    assert "forward" not in model.model.norm.__dict__
+    assert all(_rotary_of(m) is rotary for m in _attention(other)) and "forward" in other.model.norm.__dict__
+    assert "forward" not in model.model.norm.__dict__ and not [m for m in _attention(model) if "forward" in vars(m)]
     b.__exit__(None, None, None)
     _assert_stock(model)
     _assert_stock(other)
@@ -180,6 +194,7 @@ def test_compiled_rms_norm_matches_the_plain_one():
 @torch.no_grad()
 def test_an_older_rotary_signature_is_adapted_and_an_unknown_one_left(tiny_models, monkeypatch):
     model, calls = tiny_models["qwen3"], []
+    attention = _attention(model)[0]
 
     def with_position_ids(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):  # the 5.x-before-removal form
         calls.append(position_ids)
@@ -192,11 +207,65 @@ def test_an_older_rotary_signature_is_adapted_and_an_unknown_one_left(tiny_model
     ref = model(_ids()).logits
     calls.clear()
     with fused_ops(model, compile=False):
-        adapted = modeling_qwen3.apply_rotary_pos_emb
+        adapted = _rotary_of(attention)
         assert adapted is not with_position_ids and list(inspect.signature(adapted).parameters)[4] == "position_ids"
         assert torch.equal(model(_ids()).logits, ref) and not calls
-    assert modeling_qwen3.apply_rotary_pos_emb is with_position_ids
+        assert modeling_qwen3.apply_rotary_pos_emb is with_position_ids
     monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", unknown)
     with fused_ops(model, compile=False):
-        assert modeling_qwen3.apply_rotary_pos_emb is unknown
+        assert "forward" not in vars(attention) and _rotary_of(attention) is unknown
     assert not fused._PATCHES
+
+
+@torch.no_grad()
+def test_another_model_of_the_family_keeps_the_stock_rotary(tiny_models, family, monkeypatch):
+    model, other = tiny_models[family], tiny_target(family, num_layers=2, seed=1)
+    calls = []
+    monkeypatch.setattr(fused, "rotary", lambda *args, **kwargs: calls.append(1) or rotary(*args, **kwargs))
+    ref = other(_ids()).logits
+    with fused_ops(model, compile=False):
+        assert MODELING[family].apply_rotary_pos_emb is ORIGINAL_ROTARY[family]
+        assert torch.equal(other(_ids()).logits, ref) and not calls  # the stock rotary, not the fused one
+        assert not [name for name, m in other.named_modules() if "forward" in m.__dict__]
+        model(_ids())
+        assert len(calls) == model.config.num_hidden_layers  # while this model's attention uses it
+    _assert_stock(model)
+
+
+@torch.no_grad()
+def test_a_cached_decode_inside_the_context_is_bitwise_the_stock_one(tiny_models, family):
+    model, ids = tiny_models[family], _ids()[:1]
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # 5.24 / 5.17
+
+    def two_steps():
+        cache = {name: DynamicCache(config=model.config)}
+        first = model(ids[:, :7], use_cache=True, **cache).logits
+        return first, model(ids[:, 7:], use_cache=True, **cache).logits
+
+    ref = two_steps()
+    with fused_ops(model, compile=False):
+        out = two_steps()
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    _assert_stock(model)
+
+
+def test_rebuilt_functions_read_the_override_and_keep_their_decorators():
+    def renaming(fn):  # a decorator like transformers' deprecate_kwarg: renames a keyword
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if "old" in kwargs:
+                kwargs["new"] = kwargs.pop("old")
+            return fn(*args, **kwargs)
+        return wrapper
+
+    @renaming
+    def scaled(x, *, new=1):
+        return math.floor(x * new)
+
+    rebuilt = fused._with_globals(scaled, {"math": types.SimpleNamespace(floor=lambda v: -v)})
+    assert rebuilt(2.5, old=2) == -5.0 and scaled(2.5, old=2) == 5  # the override; the original untouched
+    assert inspect.unwrap(rebuilt).__globals__ is not globals() and inspect.unwrap(scaled).__globals__ is globals()
+    assert rebuilt(3) == -3 and rebuilt.__name__ == "scaled"
+    # A wrapper that does not hold what it wraps in a cell cannot be rebuilt.
+    opaque = functools.partial(scaled)
+    assert fused._with_globals(opaque, {}) is None

@@ -1,5 +1,8 @@
 """The static-cache target (the fast path's cache) is as exact as the dynamic one."""
 
+import logging
+
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -43,7 +46,7 @@ def test_fused_kernels_keep_greedy_identity_and_leave_the_model_stock(tiny_model
     assert not [name for name, m in model.named_modules() if "forward" in m.__dict__]
 
 
-def test_a_failing_compiler_falls_back_to_the_stock_kernels(tiny_models, monkeypatch):
+def test_a_failing_compiler_falls_back_to_the_stock_kernels(tiny_models, monkeypatch, caplog):
     from ddtree.models import fused
 
     def broken(fn):
@@ -55,8 +58,45 @@ def test_a_failing_compiler_falls_back_to_the_stock_kernels(tiny_models, monkeyp
     prompt = torch.arange(4, 17)
     target = StaticTarget(model, max_length=256, cuda_graphs=False, fuse=True)
     engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
-    assert engine.generate(prompt, max_new_tokens=16).tokens == greedy_reference(model, prompt, 16)
+    with caplog.at_level(logging.WARNING, logger="ddtree.models.static_target"):
+        assert engine.generate(prompt, max_new_tokens=16).tokens == greedy_reference(model, prompt, 16)
     assert not target.fuse
+    [record] = caplog.records  # said once, with why and what to do
+    assert "RuntimeError: no compiler" in record.getMessage() and "fuse=False" in record.getMessage()
+
+
+def test_an_error_inside_the_forward_propagates_and_keeps_the_fused_kernels(tiny_models, monkeypatch):
+    from ddtree.models import fused
+
+    monkeypatch.setattr(fused, "compiled", lambda fn: fn)  # a working "compiler" (the plain math)
+    model = tiny_models["qwen3"]
+    target = StaticTarget(model, max_length=256, cuda_graphs=False, fuse=True)
+
+    def fail(module, args, output):
+        raise RuntimeError("a bug in the forward, not the compiler")
+    hook = model.model.layers[1].register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="a bug in the forward"):
+            target.prefill(torch.arange(4, 17))
+    finally:
+        hook.remove()
+    assert target.fuse
+    assert not [name for name, m in model.named_modules() if "forward" in m.__dict__] and not fused._PATCHES
+    with torch.inference_mode():
+        target.prefill(torch.arange(4, 17))  # and the target still works, fused
+
+
+def test_an_error_of_another_kind_in_the_probe_propagates(tiny_models, monkeypatch):
+    from ddtree.models import fused
+
+    def wrong(fn):
+        def fail(*args, **kwargs):
+            raise TypeError("a bug, not a missing compiler")
+        return fail
+    monkeypatch.setattr(fused, "compiled", wrong)
+    target = StaticTarget(tiny_models["qwen3"], max_length=64, cuda_graphs=False, fuse=True)
+    with pytest.raises(TypeError, match="a bug"):
+        target.prefill(torch.arange(4, 17))
 
 
 def test_static_commit_matches_dynamic_commit(tiny_models):
