@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree.interfaces import Target
 from ddtree.models.dflash import DFlashDraftModel
 from ddtree.types import Draft, TargetOutput, Verification
 
 
-def check_pair(model: DFlashDraftModel, target) -> None:
+def check_pair(model: DFlashDraftModel, target: Target) -> None:
     """Clear errors for a drafter made for another target."""
     cfg, tcfg = model.config, target.config
     problems = []
@@ -34,19 +35,42 @@ def check_pair(model: DFlashDraftModel, target) -> None:
         raise ValueError("DFlash drafter does not match the target: " + "; ".join(problems))
 
 
+def block_size_for(model: DFlashDraftModel, block_size: int | None) -> int:
+    """The block a drafter runs: the checkpoint's own (``None``), or a shorter one it was asked for.
+
+    A block is the root plus the drafted depths, so it needs 2 or more positions; the checkpoint
+    was trained on blocks of ``model.config.block_size`` and has never seen a longer one.
+
+    >>> drafter_model = tiny_dflash(model, block_size=8)                        # doctest: +SKIP
+    >>> block_size_for(drafter_model, None), block_size_for(drafter_model, 4)   # doctest: +SKIP
+    (8, 4)
+    """
+    trained = int(model.config.block_size)
+    if block_size is None:
+        return trained
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or not 2 <= block_size <= trained:
+        raise ValueError(
+            f"block_size={block_size!r} does not fit this DFlash drafter: its checkpoint drafts blocks of "
+            f"{trained} (the root and {trained - 1} tokens). Pass 2 <= block_size <= {trained} for a shorter "
+            "block, or leave it unset (block_size=null in the configs) for the checkpoint's own."
+        )
+    return block_size
+
+
 class DFlashDrafter:
     """Drafts ``block_size - 1`` per-depth marginals from one forward of the block.
+
+    ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
+    from 2 up to it runs a shorter one (fewer drafted depths).
 
     >>> drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(path), target)   # doctest: +SKIP
     """
 
-    def __init__(self, model: DFlashDraftModel, target, block_size: int | None = None,
+    def __init__(self, model: DFlashDraftModel, target: Target, block_size: int | None = None,
                  max_length: int | None = None, cuda_graphs: bool | str = False) -> None:
         check_pair(model, target)
         self.model, self.target = model.eval(), target
-        self.block_size = int(block_size or model.config.block_size)
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        self.block_size = block_size_for(model, block_size)
         self.hidden_layers = tuple(model.config.target_layer_ids)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype

@@ -91,6 +91,23 @@ def test_mask_token_outside_the_vocabulary_is_refused(tiny_models):
         DFlashDrafter(drafter_model, HFTarget(tiny_models["qwen3"]))
 
 
+def test_the_block_is_the_checkpoints_own_unless_a_shorter_one_is_asked_for(tiny_models):
+    target = HFTarget(tiny_models["qwen3"])
+    drafter_model = tiny_dflash(tiny_models["qwen3"], block_size=8)
+    assert DFlashDrafter(drafter_model, target).block_size == 8
+    shorter = DFlashDrafter(drafter_model, target, block_size=4)
+    target.set_taps(shorter.hidden_layers)
+    shorter.reset(target.prefill(torch.arange(4, 12)))
+    assert shorter.block_size == 4 and shorter.draft(7).depth == 3
+
+
+@pytest.mark.parametrize("block_size", [0, 1, 9, 16])
+def test_a_block_the_checkpoint_cannot_run_is_refused(tiny_models, block_size):
+    drafter_model = tiny_dflash(tiny_models["qwen3"], block_size=8)
+    with pytest.raises(ValueError, match=rf"block_size={block_size} does not fit .* blocks of 8 .* 2 <= block_size <= 8"):
+        DFlashDrafter(drafter_model, HFTarget(tiny_models["qwen3"]), block_size=block_size)
+
+
 def test_folded_attention_equals_expanded_heads(tiny_models):
     """Query heads folded into the query length (masks that do not vary by row) give exactly
     what expanding K/V to every head gives (a row-varying mask forces the expansion)."""
