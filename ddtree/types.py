@@ -153,9 +153,14 @@ class GenerationResult:
 
     @property
     def mean_acceptance(self) -> float:
-        """tau for this response: the mean acceptance length, bonus included."""
+        """tau for this response: the mean acceptance length, bonus included.
+
+        A response with no round (its first token, from the prefill, was a stop token or all of
+        ``max_new_tokens``) has no acceptance length: NaN, never 0. Averages over responses
+        leave it out (``ddtree.metrics.mean_of_means``, the same rule).
+        """
         lengths = self.acceptance_lengths
-        return sum(lengths) / len(lengths) if lengths else 0.0
+        return sum(lengths) / len(lengths) if lengths else float("nan")
 
     @property
     def time_per_output_token(self) -> float:
