@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -53,16 +53,36 @@ class SpeculativeEngine:
         verifier: Verifier,
         stop_token_ids: Sequence[int] = (),
         timer_sync: bool | None = None,
+        tokenizer=None,
     ) -> None:
         self.target, self.drafter = target, drafter
+        self.tokenizer = tokenizer  # optional: lets generate() take text
         self.tree_builder, self.mask_compiler, self.verifier = tree_builder, mask_compiler, verifier
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.timer_sync = timer_sync
         target.set_taps(drafter.hidden_layers)
         mask_compiler.to(target.input_device, target.dtype)
 
-    def _check(self, input_ids: Tensor | Sequence[int], max_new_tokens: int) -> Tensor:
-        ids = torch.as_tensor(input_ids, dtype=torch.long)
+    def _token_ids(self, prompt) -> Tensor:
+        """Token ids from ids ``[T]``/``[1, T]``, what a tokenizer returns (``BatchEncoding`` or a
+        dict with ``input_ids``), or text (encoded as is by the engine's tokenizer)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer: build the engine with tokenizer= (ddtree.load "
+                                 "does) or pass token ids")
+            prompt = self.tokenizer(prompt)
+        if isinstance(prompt, Mapping) or hasattr(prompt, "input_ids") and not isinstance(prompt, Tensor):
+            if "input_ids" not in prompt:
+                raise ValueError(f"a mapping prompt needs 'input_ids', got keys {sorted(prompt)}")
+            prompt = prompt["input_ids"]
+        try:
+            return torch.as_tensor(prompt, dtype=torch.long)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"input_ids must be token ids, text or a tokenizer's output, got "
+                             f"{type(prompt).__name__} ({err})") from None
+
+    def _check(self, input_ids, max_new_tokens: int) -> Tensor:
+        ids = self._token_ids(input_ids)
         if ids.ndim == 2:
             if ids.shape[0] != 1:
                 raise ValueError(
@@ -87,12 +107,13 @@ class SpeculativeEngine:
     @torch.inference_mode()
     def generate(
         self,
-        input_ids: Tensor | Sequence[int],
+        input_ids: Tensor | Sequence[int] | Mapping | str,
         max_new_tokens: int = 256,
         seed: int = 0,
         record: bool = False,
     ) -> GenerationResult:
-        """Decode one prompt. Tokens stop after the first stop token or ``max_new_tokens``."""
+        """Decode one prompt: token ids ``[T]`` or ``[1, T]``, a tokenizer's output, or text (with
+        the engine's tokenizer). Tokens stop after the first stop token or ``max_new_tokens``."""
         ids = self._check(input_ids, max_new_tokens)
         target, drafter, timer = self.target, self.drafter, StageTimer(self.timer_sync)
         target.set_taps(drafter.hidden_layers)  # engines may share a target: taps are per drafter

@@ -19,7 +19,6 @@ that names it; any other error stops the run.
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -30,6 +29,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
 
+from ddtree import presets
 from ddtree.eval import (
     RecordWriter,
     RunSettings,
@@ -45,24 +45,14 @@ from ddtree.eval import (
 )
 
 log = logging.getLogger("run")
+presets.register_resolvers()  # ${run_dirname:...} in configs/config.yaml, ${repo_path:...} in target=pair
+run_dirname = presets.run_dirname
 
 # Knobs that change no response: a rerun that differs only in these resumes the same run.
 NOT_IDENTITY = ("stop_after", "progress")
 
 # The last target loaded, reused by the next job of a sweep while its config does not change.
 _loaded: dict = {}
-
-
-def run_dirname(overrides: str) -> str:
-    """A run directory's name from its overrides (``hydra.job.override_dirname``): one flat,
-    deterministic folder per config, so a rerun lands where the first run wrote."""
-    name = overrides.replace("/", "_") or "defaults"
-    if len(name) > 200:  # file systems cap a name at 255 bytes
-        name = f"{name[:150]}-{hashlib.sha1(name.encode()).hexdigest()[:12]}"
-    return name
-
-
-OmegaConf.register_new_resolver("run_dirname", run_dirname, replace=True)  # used by configs/config.yaml
 
 
 def identity(cfg: DictConfig) -> dict:
@@ -122,7 +112,8 @@ def run(cfg: DictConfig, run_dir: Path):
     cfg.device = shard.device(cfg.device)
     target, tokenizer = load_target(cfg)
     engine = build_engine(target, instantiate(cfg.drafter), tree, mask, verifier, eos_stop_tokens(tokenizer))
-    write_json(run_dir / "run.json", {"config": ident, "parts": describe_parts(engine), "model": cfg.target.name,
+    write_json(run_dir / "run.json", {"config": ident, "parts": describe_parts(engine), "preset": cfg.strategy,
+                                      "model": cfg.target.name,
                                       "dataset": cfg.data.name, "world_size": shard.world_size})
     settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
                            stop_after=cfg.stop_after, progress=cfg.progress)

@@ -5,7 +5,9 @@
     python experiments/speed.py target_path=assets/pair/target drafter_path=assets/pair/dflash \
         prompts=assets/pair/heldout_prompts.jsonl check_tokens=128   # trained weights: the bf16 check
 
-Every strategy runs through the same engine; AR is the engine with the null drafter. For each
+Strategies are presets of configs/experiment/ (``strategies``; a tree preset runs once per budget
+of ``budgets``), composed as experiments/run.py composes them; AR is the engine with the null
+drafter. For each
 configuration: the mean round time (no per-stage synchronisation), the per-stage breakdown
 (a second run that synchronises at every stage boundary), the memory peak, and the tokens/s and
 speedup that a tau table implies (tau x t_AR / t_round; default: the paper's Qwen3-8B MATH-500
@@ -25,13 +27,14 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ddtree import SpeculativeEngine
-from ddtree.drafters import DFlashDrafter, NullDrafter
+from ddtree import SpeculativeEngine, presets
+from ddtree.drafters import DFlashDrafter
+from ddtree.presets import engine_from_config
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget
 from ddtree.models.geometry import random_dflash_for, random_qwen3
 from ddtree.models.static_target import StaticTarget
-from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
 
@@ -54,16 +57,24 @@ def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: in
 
 
 def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model):
+    """(label, path, engine) for every preset of ``cfg.strategies`` (configs/experiment/) on every
+    path; a tree preset once per budget of ``cfg.budgets`` (label ``preset-B``)."""
     paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
-    for path, target in paths:
-        yield "AR", path, target, NullDrafter(), ChainTreeBuilder()
-    for path, target in paths:
-        def drafter():
-            return DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length,
-                                 cuda_graphs=path == "fast" and cfg.cuda_graphs)
-        yield "DFlash", path, target, drafter(), ChainTreeBuilder()
-        for budget in cfg.budgets:
-            yield f"DDTree-{budget}", path, target, drafter(), BestFirstTreeBuilder(int(budget), method=cfg.tree_method)
+    for preset in cfg.strategies:
+        base = presets.compose(preset, [f"block_size={cfg.block_size}"])
+        budgets = list(cfg.budgets) if "budget" in base.tree else [None]
+        for budget in budgets:
+            strategy = base if budget is None else presets.compose(
+                preset, [f"block_size={cfg.block_size}", f"tree.budget={budget}", f"tree.method={cfg.tree_method}"])
+            label = preset if budget is None else f"{preset}-{budget}"
+            for path, target in paths:
+                try:
+                    engine = engine_from_config(strategy, target, model=dflash_model, max_length=cfg.max_length,
+                                                cuda_graphs=path == "fast" and cfg.cuda_graphs)
+                except Exception as err:  # e.g. a preset whose drafter this run has no weights for
+                    print(f"{label} {path}: not built: {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
+                    continue
+                yield label, path, engine
 
 
 def _models(cfg: DictConfig):
@@ -98,12 +109,11 @@ def _greedy_check(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_m
     differing token with the eager target's top-1/top-2 logit gap there. A divergence is a
     near-tie only when that gap is below ``cfg.near_tie_gap``; any other is a bug."""
     reference, result = {}, {}
-    for name, path, target, drafter, tree in _strategies(cfg, eager, fast, dflash_model):
-        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+    for name, path, engine in _strategies(cfg, eager, fast, dflash_model):
         parts = []
         for i, prompt in enumerate(prompts):
             tokens = engine.generate(prompt, max_new_tokens=cfg.check_tokens).tokens
-            if name == "AR" and path == cfg.paths[0]:
+            if name == "ar" and path == cfg.paths[0]:
                 reference[i] = tokens
             at = _first_divergence(reference[i], tokens)
             if at is None:
@@ -180,8 +190,7 @@ def main(cfg: DictConfig) -> None:
     prompt = check_prompts[0] if cfg.prompts is not None else prompt
 
     rows = []
-    for name, path, target, drafter, tree in _strategies(cfg, eager, fast, dflash_model):
-        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+    for name, path, engine in _strategies(cfg, eager, fast, dflash_model):
         try:
             row = {"strategy": name, "path": path, **_time(engine, prompt, cfg.rounds, cfg.block_size)}
         except Exception as err:  # one failing path must not cost the whole table
@@ -193,7 +202,7 @@ def main(cfg: DictConfig) -> None:
     if cfg.cuda_graphs:
         print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
     checks = _greedy_check(cfg, eager, fast, dflash_model, check_prompts) if cfg.check_tokens else {}
-    ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "AR"}
+    ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "ar"}
     tau = dict(OmegaConf.to_container(cfg.tau))
     table = _table(rows, tau, ar)
     print(f"\nfirst divergence from {cfg.paths[0]} AR greedy per prompt, {cfg.check_tokens} tokens, with the eager "

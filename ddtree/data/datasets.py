@@ -105,6 +105,10 @@ _SPECS = (
     DatasetSpec("humaneval", "openai/openai_humaneval", None, "test", 164, templates.humaneval,
                 id_column="task_id", reference_column="canonical_solution",
                 packaged=_humaneval_from_package),
+    # The same HumanEval rows (and subset) as bare code stubs, for base code models: no header, no fence.
+    DatasetSpec("humaneval-code", "openai/openai_humaneval", None, "test", 164, templates.humaneval_code,
+                id_column="task_id", reference_column="canonical_solution",
+                packaged=_humaneval_from_package),
     DatasetSpec("mbpp", "google-research-datasets/mbpp", "sanitized", "test", 128, templates.mbpp,
                 id_column="task_id", reference_column="code"),
     DatasetSpec("livecodebench", "livecodebench/code_generation_lite", None, "test", 128,
@@ -116,7 +120,7 @@ _SPECS = (
                 id_column="prompt_id", reference_column="reference", category_column="category"),
     DatasetSpec("alpaca", "tatsu-lab/alpaca", None, "train", 128, templates.alpaca,
                 reference_column="output"),
-    # A user's own prompts: needs path=, decodes every row unless limit= is given.
+    # A user's own prompts: needs path=, decodes every row unless limit= is given (the first rows).
     DatasetSpec("jsonl", None, None, "train", None, templates.user_jsonl,
                 id_column="id", reference_column="reference", category_column="category"),
 )
@@ -152,7 +156,8 @@ def load_prompts(
             livecodebench, swe-bench, mt-bench, alpaca, or ``jsonl`` for your own file.
         split: the source split; defaults to the protocol's split for the dataset.
         limit: how many prompts. None means the paper's count (Table 2), ``"all"`` every row.
-            A split with more rows than that is subsampled with ``shuffle(seed).select(range(n))``.
+            A split with more rows than that is subsampled with ``shuffle(seed).select(range(n))``;
+            a user's own file (``jsonl``) gives its first ``limit`` rows.
         seed: the shuffle seed; the protocol uses 0.
         path: a local copy: a JSONL/JSON/parquet file, or a directory in the hub's layout
             (``<config>/`` folders, ``data/<split>-00000-of-00001.parquet``, ``test.jsonl``...).
@@ -169,7 +174,9 @@ def load_prompts(
     n = _resolve_limit(spec, limit)
     rows = _load_rows(spec, split, path)
     rows = rows.add_column(_ROW, list(range(len(rows))))
-    if n is not None and len(rows) > n:
+    if n is not None and len(rows) > n and spec.count is None:  # a user's own file: its first rows
+        rows = rows.select(range(n))
+    elif n is not None and len(rows) > n:
         # On the datasets.Dataset itself, as the harness does, so the same rows are chosen.
         rows = rows.shuffle(seed=seed).select(range(n))
     return [_to_prompt(spec, row) for row in rows]

@@ -51,6 +51,11 @@ def humaneval(row: Row) -> tuple[str]:
     return (f"{HUMANEVAL_HEADER}```python\n{row['prompt']}\n```",)
 
 
+def humaneval_code(row: Row) -> tuple[str]:
+    """HumanEval for base code models: the function stub alone, to be continued."""
+    return (str(row["prompt"]),)
+
+
 def mbpp(row: Row) -> tuple[str]:
     """MBPP sanitized: the task sentence as is (the tests are not shown)."""
     return (str(row["prompt"]),)
@@ -85,13 +90,14 @@ def alpaca(row: Row) -> tuple[str]:
 
 
 def user_jsonl(row: Row) -> tuple[str, ...]:
-    """A user's own prompts: ``{"prompt": "..."}`` (one turn) or ``{"turns": ["...", ...]}``."""
+    """A user's own prompts: ``{"prompt": "..."}`` or ``{"text": "..."}`` (one turn), or
+    ``{"turns": ["...", ...]}``."""
     turns = row.get("turns")
     if turns:
         return tuple(str(turn) for turn in turns)
-    prompt = row.get("prompt")
+    prompt = row.get("prompt") or row.get("text")
     if prompt is None or prompt == "":
         raise ValueError(
-            f"a jsonl prompt row needs a 'prompt' string or a 'turns' list, got keys {sorted(row)}"
+            f"a jsonl prompt row needs a 'prompt' (or 'text') string or a 'turns' list, got keys {sorted(row)}"
         )
     return (str(prompt),)

@@ -40,6 +40,7 @@ class RunSettings:
     warmup_tokens: int = 16  # one short decode before timing; 0 skips it
     stop_after: int | None = None  # stop after this many new records (an interruption, for tests)
     progress: bool = True
+    max_prompt_tokens: int | None = None  # keep only a prompt's last tokens (base models continuing text)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def make_record(prompt: Prompt, turn: int, prompt_tokens: int, result: Generatio
         "tokens": result.tokens,
         "text": text,
         "acceptance_lengths": result.acceptance_lengths,
-        "tau": result.mean_acceptance,
+        "tau": result.mean_acceptance if result.acceptance_lengths else None,  # no round: no acceptance length
         "stage_times": asdict(result.stage_times),
         "time_to_first_token": result.time_to_first_token,
         "decode_time": result.decode_time,
@@ -98,14 +99,14 @@ def run_prompts(
                disable=not settings.progress, position=shard.rank, dynamic_ncols=True)
     with logging_redirect_tqdm():
         for prompt in bar:
-            if not _run_prompt(engine, tokenizer, prompt, writer, done, settings, shard, summary):
+            if not run_prompt(engine, tokenizer, prompt, writer, done, settings, shard, summary):
                 summary.stopped_early = True
                 break
     bar.close()
     return summary
 
 
-def _run_prompt(engine, tokenizer, prompt: Prompt, writer, done, settings: RunSettings, shard: Shard,
+def run_prompt(engine, tokenizer, prompt: Prompt, writer, done, settings: RunSettings, shard: Shard,
                 summary: RunSummary) -> bool:
     """All turns of one prompt; False when ``stop_after`` is reached."""
     history: list[tuple[str, str]] = []
@@ -118,6 +119,8 @@ def _run_prompt(engine, tokenizer, prompt: Prompt, writer, done, settings: RunSe
         if settings.stop_after is not None and summary.computed >= settings.stop_after:
             return False
         ids = encode_turn(tokenizer, user, history)
+        if settings.max_prompt_tokens:
+            ids = ids[-settings.max_prompt_tokens :]
         seed = response_seed(settings.seed, key)
         try:
             result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, seed=seed)

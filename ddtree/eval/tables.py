@@ -7,9 +7,11 @@ Definitions (the papers' protocol):
     speedup  = mean TPOT(AR) / mean TPOT(method), AR from the same dataset, model and temperature
     best B   = the DDTree budget with the highest speedup (the lowest mean TPOT)
 
-A cell is (dataset, model, temperature). Which column a run feeds is read off the parts it ran
-(``run.json``): ``NullDrafter`` is AR, ``DFlashDrafter`` with the chain is DFlash, with the
-best-first tree DDTree; anything else still appears in ``run_rows`` (every run, every budget).
+A cell is (dataset, model, temperature). Which column a run feeds is the strategy preset it was
+composed from (``run.json``'s ``preset``: ar, dflash, ddtree; the budget from its tree); runs
+written before presets were recorded are named by their parts (``NullDrafter`` is AR,
+``DFlashDrafter`` with the chain DFlash, with the best-first tree DDTree). Any other strategy
+still appears in ``run_rows`` (every run, every budget) under its preset's name.
 
     >>> runs = load_runs(["multirun/"])           # doctest: +SKIP
     >>> print(to_markdown(table_rows(cells(runs))))  # doctest: +SKIP
@@ -81,9 +83,10 @@ def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     meta = json.loads((run_dir / RUN_FILE).read_text())
     parts = meta["parts"]
+    method = meta.get("preset") or method_of(parts)
     records = tuple(sorted(read_records(run_dir).values(), key=lambda r: (r["index"], r["turn"])))
-    return Run(run_dir, meta["dataset"], meta["model"], float(parts["temperature"]), method_of(parts),
-               parts.get("budget") if method_of(parts) != "ar" else None, records)
+    return Run(run_dir, meta["dataset"], meta["model"], float(parts["temperature"]), method,
+               parts.get("budget") if method != "ar" else None, records)
 
 
 def load_runs(roots: Iterable[str | Path]) -> list[Run]:

@@ -146,10 +146,11 @@ def test_unknown_option_names_it_and_lists_the_available_ones(override, option, 
 
 
 def test_configs_never_reach_for_hydra_inside_the_library() -> None:
+    # The parts never read a config; ddtree.presets (behind ddtree.load) is the one door to the presets.
     library = Path(__file__).resolve().parents[2] / "ddtree"
-    offenders = [str(p) for p in library.rglob("*.py")
+    offenders = [str(p.relative_to(library)) for p in library.rglob("*.py")
                  if "import hydra" in p.read_text() or "from hydra" in p.read_text()]
-    assert not offenders, offenders
+    assert offenders == ["presets.py"], offenders
 
 
 def test_the_real_loaders_read_local_checkpoints(tmp_path) -> None:
