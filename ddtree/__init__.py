@@ -2,6 +2,10 @@
 
 AR, MTP, DFlash and DDTree are four configurations of one loop (``SpeculativeEngine``) built
 from four parts: a ``Drafter``, a ``TreeBuilder``, a ``MaskCompiler`` and a ``Verifier``.
+``ddtree.load(strategy, ...)`` builds one from its preset (``configs/experiment/``):
+
+    >>> engine = ddtree.load("ddtree", budget=64)        # the shipped pair     # doctest: +SKIP
+    >>> engine.generate("def fibonacci(n):", max_new_tokens=64).tokens        # doctest: +SKIP
 """
 
 from ddtree.engine import ContextLengthError, RoundRecord, SpeculativeEngine
@@ -9,6 +13,18 @@ from ddtree.interfaces import Drafter, MaskCompiler, Target, TreeBuilder, Verifi
 from ddtree.types import FINAL_NORM, Draft, GenerationResult, StageTimes, TargetOutput, Tree, Verification, VerifyInputs
 
 __version__ = "0.1.0"
+
+
+
+def __getattr__(name: str):
+    # ddtree.load and ddtree.presets import Hydra and the evaluation code only when first used.
+    if name in ("load", "presets"):
+        import importlib
+
+        presets = importlib.import_module("ddtree.presets")
+        return presets.load if name == "load" else presets
+    raise AttributeError(f"module 'ddtree' has no attribute {name!r}")
+
 
 __all__ = [
     "FINAL_NORM",
@@ -27,4 +43,5 @@ __all__ = [
     "Verification",
     "Verifier",
     "VerifyInputs",
+    "load",
 ]

@@ -111,7 +111,9 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
         strategy: ``ar``, ``mtp``, ``dflash``, ``ddtree`` or any other preset's name.
         target: None for the shipped pair; a pair directory (``target/``, ``dflash/``, ``mtp/``,
             ``tokenizer/``); a hub name or checkpoint directory; a loaded Transformers model; or
-            a target adapter (``ddtree.models.HFTarget`` and kin).
+            a target adapter (``ddtree.models.HFTarget`` and kin). ``engine.target`` of an engine
+            ``load`` built is reused as it is, with its drafters and tokenizer: engines for
+            several strategies then share one loaded target.
         drafter: the drafter checkpoint (hub name or directory) when the target is not a pair; a
             loaded ``DFlashDraftModel``/``MTPHead``; or a ready ``Drafter``.
         tokenizer: defaults to the target's own when the target is given by name.
@@ -123,6 +125,7 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
     then takes text as well as token ids.
 
     >>> engine = load("dflash", "Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", dtype="bfloat16", device="cuda")  # doctest: +SKIP
+    >>> ar = load("ar", target=engine.target)                 # the same target, no second load  # doctest: +SKIP
     """
     ov, model = [], None
     if target is None or isinstance(target, (str, Path)):
@@ -133,6 +136,8 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
             ov += ["target=hf", f"target.path={_quoted(target)}"]
     else:
         model = target
+        ov += list(getattr(target, "preset_overrides", ()))  # a target load() built: its config again
+    target_overrides = list(ov)
     if isinstance(drafter, (str, Path)):
         ov += [f"target.drafters.dflash={_quoted(drafter)}", f"target.drafters.mtp={_quoted(drafter)}"]
         drafter = None
@@ -144,12 +149,14 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
         if "budget" not in cfg.tree:
             raise ValueError(f"budget={budget} applies to tree strategies (ddtree); {strategy!r} verifies a chain")
         cfg.tree.budget = budget
-    built_target = _target(cfg, model)
-    if tokenizer is None and model is None:
-        from hydra.utils import instantiate
+    built = _target(cfg, model)
+    if model is None or hasattr(model, "preset_overrides"):
+        built.preset_overrides = tuple(target_overrides)  # load(..., target=engine.target) shares it
+        if tokenizer is None:
+            from hydra.utils import instantiate
 
-        tokenizer = instantiate(cfg.target.tokenizer)
-    return engine_from_config(cfg, built_target, tokenizer=tokenizer, drafter=drafter)
+            tokenizer = instantiate(cfg.target.tokenizer)
+    return engine_from_config(cfg, built, tokenizer=tokenizer, drafter=drafter)
 
 
 def _target(cfg, model):
