@@ -153,13 +153,13 @@ def _family_classes() -> list[tuple[Any, type, type, type]]:
 
 
 def _silu_types() -> tuple[type, ...]:
-    types: tuple[type, ...] = (nn.SiLU,)
+    kinds: tuple[type, ...] = (nn.SiLU,)
     try:
         from transformers.activations import SiLUActivation
-        types += (SiLUActivation,)
+        kinds += (SiLUActivation,)
     except ImportError:
         pass
-    return types
+    return kinds
 
 
 def _reads_rotary_global(attention_cls: type, mod: Any) -> bool:
