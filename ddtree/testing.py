@@ -126,10 +126,11 @@ def tiny_tokenizer(vocab_size: int = 96):
                                    eos_token="<eos>", chat_template=TINY_CHAT_TEMPLATE)
 
 
-def tiny_dflash_drafter(target, block_size: int = 8, num_layers: int = 2, seed: int = 0):
-    """A ``DFlashDrafter`` with random weights shaped for ``target`` (an ``HFTarget``)."""
+def tiny_dflash_drafter(target, block_size: int | None = 8, num_layers: int = 2, seed: int = 0):
+    """A ``DFlashDrafter`` with random weights shaped for ``target`` (an ``HFTarget``); block 8 when None."""
     from ddtree.drafters.dflash import DFlashDrafter
 
+    block_size = block_size or 8
     return DFlashDrafter(tiny_dflash(target.model, block_size=block_size, num_layers=num_layers, seed=seed),
                          target, block_size=block_size)
 

@@ -61,11 +61,11 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     path; a tree preset once per budget of ``cfg.budgets`` (label ``preset-B``)."""
     paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
     for preset in cfg.strategies:
-        base = presets.compose(preset, [f"block_size={cfg.block_size}"])
+        base = presets.compose(preset)  # block_size null: the drafter's own
         budgets = list(cfg.budgets) if "budget" in base.tree else [None]
         for budget in budgets:
             strategy = base if budget is None else presets.compose(
-                preset, [f"block_size={cfg.block_size}", f"tree.budget={budget}", f"tree.method={cfg.tree_method}"])
+                preset, [f"tree.budget={budget}", f"tree.method={cfg.tree_method}"])
             label = preset if budget is None else f"{preset}-{budget}"
             for path, target in paths:
                 try:
@@ -136,10 +136,10 @@ def _logit_gap(model, prompt: torch.Tensor, continuation: list[int]) -> float:
 @torch.inference_mode()
 def _drafter_graph_check(target, dflash_model, prompt, cfg, rounds: int = 8) -> dict:
     """The graphed drafter drafts what the eager one drafts, round after round."""
-    eager = DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length)
-    graphed = DFlashDrafter(dflash_model, target, cfg.block_size, max_length=cfg.max_length, cuda_graphs=True)
+    eager = DFlashDrafter(dflash_model, target, max_length=cfg.max_length)
+    graphed = DFlashDrafter(dflash_model, target, max_length=cfg.max_length, cuda_graphs=True)
     engine = SpeculativeEngine(target, eager, ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
-    result = engine.generate(prompt, max_new_tokens=rounds * cfg.block_size, record=True)
+    result = engine.generate(prompt, max_new_tokens=rounds * eager.block_size, record=True)
     graphed.reset(target.prefill(prompt))
     agree, worst = [], 0.0
     for record in result.rounds[:rounds]:
@@ -192,7 +192,7 @@ def main(cfg: DictConfig) -> None:
     rows = []
     for name, path, engine in _strategies(cfg, eager, fast, dflash_model):
         try:
-            row = {"strategy": name, "path": path, **_time(engine, prompt, cfg.rounds, cfg.block_size)}
+            row = {"strategy": name, "path": path, **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size)}
         except Exception as err:  # one failing path must not cost the whole table
             print(f"{name} {path}: FAILED {type(err).__name__}: {err}", flush=True)
             continue

@@ -101,7 +101,8 @@ def test_paper_pairs_match_the_published_pairs() -> None:
     for preset in PAIRS:
         cfg = composed(f"experiment=[{preset},ddtree]")
         assert pairs[cfg.target.name] == {"target": cfg.target.path, "dflash": cfg.target.drafters.dflash}
-        assert (cfg.dtype, cfg.block_size, cfg.max_new_tokens) == ("bfloat16", 16, 2048)
+        # block_size null: the drafter checkpoint's own (16 for the paper's b16 drafters)
+        assert (cfg.dtype, cfg.block_size, cfg.drafter.block_size, cfg.max_new_tokens) == ("bfloat16", None, None, 2048)
         assert cfg.drafter.model.name_or_path == cfg.target.drafters.dflash  # the pair's drafter is the one loaded
 
 
@@ -126,7 +127,7 @@ def test_tiny_configs_instantiate_without_downloads() -> None:
     assert max(tokenizer.encode("Hello, world!\n", add_special_tokens=False)) < target.vocab_size
     assert tokenizer.eos_token_id is not None
     drafter = bind_drafter(instantiate(cfg.drafter), target)
-    assert drafter.block_size == cfg.block_size
+    assert cfg.block_size is None and drafter.block_size == 8  # null: the random drafter's default
     assert instantiate(cfg.tree).budget == 8
     oracle = bind_drafter(instantiate(composed("drafter=oracle").drafter), target)
     assert oracle.depth == 7

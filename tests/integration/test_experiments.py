@@ -157,3 +157,31 @@ def test_the_fast_path_forced_on_decodes_the_same_tokens(tmp_path) -> None:
         assert out.returncode == 0, out.stderr[-3000:]
         tokens[fast] = [r["tokens"] for r in sorted(records(tmp_path / fast), key=lambda r: r["key"])]
     assert tokens["true"] == tokens["false"] and len(tokens["true"]) == 3
+
+
+def test_speed_takes_its_strategies_from_the_presets():
+    """speed.py builds every preset of `strategies` (a tree preset once per budget) through the
+    presets, on both paths; they all decode the greedy text (the timing itself needs a GPU)."""
+    import importlib.util
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from ddtree.models import HFTarget
+    from ddtree.models.static_target import StaticTarget
+    from ddtree.testing import greedy_reference, tiny_dflash, tiny_target
+
+    spec = importlib.util.spec_from_file_location("speed", Path(__file__).resolve().parents[2] / "experiments" / "speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    model = tiny_target("qwen3")
+    cfg = OmegaConf.create({"strategies": ["ar", "dflash", "ddtree", "mtp_tree"], "budgets": [4, 16],
+                            "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": False, "tree_method": "auto"})
+    fast = StaticTarget(model, max_length=256, cuda_graphs=False)
+    built = list(speed._strategies(cfg, HFTarget(model), fast, tiny_dflash(model, block_size=8)))
+    assert [(label, path) for label, path, _ in built] == [
+        (s, p) for s in ("ar", "dflash", "ddtree-4", "ddtree-16") for p in ("eager", "fast")]  # mtp_tree: no head here
+    prompt = torch.arange(4, 20)
+    want = greedy_reference(model, prompt, 16)
+    for label, path, engine in built:
+        assert engine.generate(prompt, max_new_tokens=16).tokens == want, (label, path)
