@@ -236,7 +236,8 @@ def greedy_check(args, device, dtype) -> dict:
     if diverge is None and len(result.tokens) != len(ref):
         diverge = min(len(result.tokens), len(ref))
     return {"layers": args.check_layers, "tokens": len(ref), "budget": args.check_budget, "equal": diverge is None,
-            "first_divergence": diverge, "tau": result.mean_acceptance,
+            "first_divergence": diverge,
+            "tau": result.mean_acceptance if result.acceptance_lengths else None,  # no round: no tau
             "distinct_tokens": len(set(ref))}  # a degenerate (repeating) text would make the check weak
 
 

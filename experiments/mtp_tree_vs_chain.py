@@ -21,6 +21,7 @@ import torch
 from ddtree import SpeculativeEngine
 from ddtree.drafters import MTPDrafter
 from ddtree.masks import DenseMaskCompiler
+from ddtree.metrics import mean_of_means
 from ddtree.models import HFTarget, MTPHead
 from ddtree.models.mtp import fit_to_target
 from ddtree.testing import tiny_target
@@ -41,13 +42,13 @@ def _greedy(model, prompt: torch.Tensor, new_tokens: int) -> list[int]:
 
 
 def _tau(engine: SpeculativeEngine, model, prompts, references, new_tokens: int) -> float:
-    taus = []
+    lengths = []
     for prompt, reference in zip(prompts, references):
         result = engine.generate(prompt, max_new_tokens=new_tokens)
         if result.tokens != reference:
             raise AssertionError(f"output differs from the target's greedy output:\n{result.tokens}\n{reference}")
-        taus.append(result.mean_acceptance)
-    return sum(taus) / len(taus)
+        lengths.append(result.acceptance_lengths)
+    return mean_of_means(lengths)  # responses with no round have no tau
 
 
 def main() -> None:
