@@ -6,7 +6,7 @@
 Configs: ``configs/train/{dflash,mtp}.yaml``. The drafter is built by ``drafter`` (called with
 the target model), trained by ``fit`` with ``train`` and ``budget``, and saved in the layout its
 decoding side loads (``DFlashDraftModel.from_pretrained`` / ``MTPHead.from_pretrained``). The
-GPU pipeline (``make_shipped_pair.sh``) calls the same functions without Hydra.
+pair pipeline's dflash and mtp stages (``experiments/pair_pipeline.py``) call the same functions.
 """
 
 from __future__ import annotations

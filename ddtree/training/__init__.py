@@ -1,5 +1,8 @@
 """Drafter training, and the small trained model pair the repository ships.
 
+Training only: decoding a pair and measuring it are the presets' and ``eval/``'s work, and the
+pipeline that builds the shipped pair from these parts is ``experiments/pair_pipeline.py``.
+
     corpus      the stdlib code corpus with its fixed held-out modules
     tokenizer   byte-level BPE with <|endoftext|>, <|pad|>, <|mask|>
     lm          the small Qwen3 target, trained from scratch
@@ -9,8 +12,6 @@
     mtp         MTP head training (next-next-token loss, chained steps)
     loop        AdamW, warmup + cosine, grad clip, step/time budgets
     pair        the pair directory: save, load, model card
-    bench       AR / MTP / DFlash / DDTree on a pair: tau, tokens/s, speedup
-    pipeline    every stage of building the pair, resumable, under one deadline
 
     >>> from ddtree.training import Budget, DFlashTrainConfig, new_dflash, train_dflash
     >>> drafter = new_dflash(target_model, mask_token_id=2)                          # doctest: +SKIP

@@ -3,6 +3,7 @@ the GPU pipeline script runs start to finish on a CPU at toy size."""
 
 import dataclasses
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -24,12 +25,19 @@ from ddtree.training.dflash import DFlashTrainConfig, new_dflash, train_dflash
 from ddtree.training.loop import Budget, OptimConfig
 from ddtree.training.mtp import MTPTrainConfig, train_mtp
 from ddtree.training.pair import load_pair
-from ddtree.training.pipeline import STAGES, PipelineConfig, Run, reuse_target, run_pipeline, stage_dflash
 from ddtree.training.sequences import regenerate
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def shipped_pair():
+    """experiments/shipped_pair.py as a module (it imports its sibling pair_pipeline.py)."""
+    spec = importlib.util.spec_from_file_location("shipped_pair", ROOT / "experiments" / "shipped_pair.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +111,8 @@ def test_gpu_pipeline_script_runs_end_to_end_on_cpu(tmp_path):
     corpus = _tiny_corpus(tmp_path / "c")
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "OUT": str(out), "WORK": str(work), "CORPUS": str(corpus), "PRESET": "smoke",
-           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "experiments" / "make_shipped_pair.sh"), "--device", "cpu", "--assets", ""],
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "experiments" / "make_shipped_pair.sh"), "device=cpu", "assets=null"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
@@ -117,26 +125,35 @@ def test_gpu_pipeline_script_runs_end_to_end_on_cpu(tmp_path):
         tar.extractall(tmp_path / "unpacked", filter="data")
     pair = load_pair(tmp_path / "unpacked" / "pair")
     assert pair.dflash is not None and pair.mtp is not None and len(pair.prompts) == 2
-    assert {r["strategy"] for r in pair.metrics["tau"]} == {"ar", "mtp", "dflash", "ddtree-8"}
+    # The evaluate stage: the main job's strategies (configs/main.yaml) that the smoke preset names,
+    # decoded by ddtree.presets.run_comparison, recorded in the rows the card has always read.
+    tau = pair.metrics["tau"]
+    assert [r["strategy"] for r in tau] == ["ar", "mtp", "dflash", "ddtree-16"] * 2
+    assert [r["temperature"] for r in tau] == [0.0] * 4 + [1.0] * 4
+    assert {r["responses"] for r in tau} == {2} and tau[0]["speedup"] == 1.0
+    shipped = ROOT / "assets" / "pair" / "metrics.json"
+    if shipped.is_file():
+        assert set(tau[0]) == set(json.loads(shipped.read_text())["tau"][0])
+    assert (work / "evaluate" / "heldout" / "ddtree-16_T1" / "records.jsonl").is_file()  # the main job's records
     card = (tmp_path / "unpacked" / "pair" / "README.md").read_text()
-    assert "Held-out perplexity" in card and "n/a" not in card
+    assert "Held-out perplexity" in card and "n/a" not in card and "| ddtree-16 |" in card
+    assert not (work / ".hydra").exists() and not list(work.glob("*.log"))  # Hydra wrote nothing of its own
     # Resumable: every stage left its record, so a second run skips them all.
-    logs = []
-    run_pipeline(PipelineConfig(corpus=corpus, work=work, device="cpu"), log=logs.append)
+    script, logs = shipped_pair(), []
+    common = [f"corpus={corpus}", "device=cpu"]
+    script.run(script.compose([*common, f"work={work}"]), log=logs.append)
     assert sum("skipped" in line for line in logs) == 6
     # Continued: the same target's drafters train on from the finished pair's weights.
     earlier = tmp_path / "unpacked" / "pair"
-    spec = importlib.util.spec_from_file_location("shipped_pair", ROOT / "experiments" / "shipped_pair.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    again = dataclasses.replace(script.smoke(PipelineConfig(corpus=corpus, work=tmp_path / "again", device="cpu")),
-                                continue_from=earlier, seed=1, stages=STAGES[:-1],
-                                dflash_budget=Budget(max_steps=3), mtp_budget=Budget(max_steps=2))
-    reuse_target(again, earlier)
-    metrics = run_pipeline(again, log=logs.append)
+    again = [*common, f"work={tmp_path / 'again'}", "pipeline/preset=smoke", f"reuse_target={earlier}",
+             f"continue_from={earlier}", "seed=1", "stages=[tokenizer,target,regenerate,dflash,mtp]",
+             "dflash_budget.max_steps=3", "mtp_budget.max_steps=2"]
+    metrics = script.run(script.compose(again), log=logs.append)
     assert metrics["dflash"]["steps"] == 3 and metrics["dflash"]["continued_from"]["steps"] == 20
     assert metrics["mtp"]["continued_from"]["steps"] == 20
-    card = (again.pair / "README.md").read_text()
+    card = (tmp_path / "again" / "pair" / "README.md").read_text()
     assert "| 20 + 3 |" in card and "| 20 + 2 |" in card and "continued from an earlier build" in card
+    pipeline = sys.modules["pair_pipeline"]
+    broken = dataclasses.replace(script.from_config(script.compose(again)), continue_from=tmp_path / "nothing")
     with pytest.raises(FileNotFoundError, match="no dflash/ checkpoint"):
-        stage_dflash(Run(dataclasses.replace(again, continue_from=tmp_path / "nothing"), print))
+        pipeline.stage_dflash(pipeline.Run(broken, print))

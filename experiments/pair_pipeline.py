@@ -3,9 +3,11 @@
 Each stage reads its inputs from the work directory and writes its outputs there, ending with
 a small ``stage_<name>.json`` record; a stage whose record exists is skipped, so an
 interrupted run resumes where it stopped. Every stage is seeded and runs under a time budget
-capped by the run's deadline, so the whole pipeline cannot overrun one device call.
+capped by the run's deadline, so the whole pipeline cannot overrun one device call. The stages
+are built from ``ddtree.training``; the settings are ``configs/pipeline/shipped_pair.yaml``, read
+by its Hydra app ``experiments/shipped_pair.py`` (whose ``load_config`` also serves Python callers).
 
-    >>> run_pipeline(PipelineConfig(corpus=Path(".corpus/stdlib.jsonl"), work=Path("/tmp/pair")))  # doctest: +SKIP
+    >>> run_pipeline(shipped_pair.load_config(["work=/tmp/pair", "pipeline/preset=smoke"]))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import transformers
 
+from ddtree import presets
 from ddtree.training import corpus as corpus_lib
 from ddtree.training import pair as pair_lib
-from ddtree.training.bench import benchmark, format_table, strategies
 from ddtree.training.dflash import DFlashTrainConfig, new_dflash, train_dflash
 from ddtree.training.lm import LMTrainConfig, TargetSpec, build_target, mean_nll, token_stream, train_target
 from ddtree.training.loop import Budget
@@ -32,46 +34,49 @@ from ddtree.training.sequences import SequenceSet, prompt_windows, regenerate
 from ddtree.training.tokenizer import encode_documents, load_tokenizer, train_tokenizer
 
 STAGES = ("tokenizer", "target", "regenerate", "dflash", "mtp", "evaluate")
+TEMPERATURES = (0.0, 1.0)  # the card's two columns
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    corpus: Path  # the corpus JSONL (experiments/build_corpus.py)
-    work: Path  # intermediates, and the pair itself under work/pair
-    assets: Path | None = None  # a committed tokenizer/ and heldout_prompts.jsonl to reuse, if any
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    deadline_seconds: float = 570.0  # the whole run; later stages' budgets are reserved from it
-    stages: tuple[str, ...] = STAGES
-    vocab_size: int = 8192
-    target: TargetSpec = TargetSpec()
-    lm: LMTrainConfig = LMTrainConfig()
-    target_budget: Budget = Budget(max_steps=2500, max_seconds=110)
-    regen_prompts: int = 12288
-    prompt_tokens: int = 64
-    new_tokens: int = 320
-    regen_batch: int = 512
-    # The prompts are split evenly among these: three quarters greedy, since greedy decoding is
-    # where acceptance is measured most and a weak target's greedy text differs from its samples.
-    temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
-    docstring_fraction: float = 0.5  # share of prompts that end after a function's docstring
-    regen_seconds: float = 95
-    block_size: int = 16
-    dflash_layers: int = 3
-    dflash_taps: int = 3
-    dflash: DFlashTrainConfig = DFlashTrainConfig()
-    dflash_budget: Budget = Budget(max_steps=50_000, max_seconds=380)
-    mtp: MTPTrainConfig = MTPTrainConfig()
-    mtp_budget: Budget = Budget(max_steps=10_000, max_seconds=60)
-    # A finished pair whose DFlash drafter and MTP head training continues from (on this run's
-    # data), instead of fresh weights; the card adds their earlier steps and seconds.
-    continue_from: Path | None = None
-    heldout_prompts: int = 16
-    tau_new_tokens: int = 96
-    tau_seconds: float = 50
-    tau_budgets: tuple[int, ...] = (16, 32, 64)
-    seed: int = 0
+    """One run's settings (each one explained in configs/pipeline/shipped_pair.yaml)."""
+
+    corpus: Path
+    work: Path
+    assets: Path | None
+    device: str
+    deadline_seconds: float
+    stages: tuple[str, ...]
+    seed: int
+    continue_from: Path | None
+    vocab_size: int
+    heldout_prompts: int
+    target: TargetSpec
+    lm: LMTrainConfig
+    target_budget: Budget
+    regen_prompts: int
+    prompt_tokens: int
+    new_tokens: int
+    regen_batch: int
+    temperatures: tuple[float, ...]
+    docstring_fraction: float
+    regen_seconds: float
+    block_size: int
+    dflash_layers: int
+    dflash_taps: int
+    dflash: DFlashTrainConfig
+    dflash_budget: Budget
+    mtp: MTPTrainConfig
+    mtp_budget: Budget
+    strategies: tuple[str, ...] | None  # names in configs/main.yaml's strategy_specs; None: all
+    tau_new_tokens: int
+    tau_seconds: float
+    fast: bool | str
 
     def __post_init__(self) -> None:
+        unknown = set(self.stages) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
         if not 0.0 <= self.docstring_fraction <= 1.0:
             raise ValueError(f"docstring_fraction is a share of the prompts, in [0, 1]; got {self.docstring_fraction}")
         if not self.temperatures or min(self.temperatures) < 0:
@@ -288,18 +293,39 @@ def stage_mtp(run: Run) -> dict:
     return record if start is None else {**record, "continued_from": earlier_training(cfg, "mtp")}
 
 
+def strategy_specs(names: Sequence[str] | None) -> dict[str, list[str]]:
+    """The named strategies (all when None) from configs/main.yaml's ``strategy_specs``: the main
+    job's list, so the card measures what the main job runs. Name -> overrides."""
+    specs = presets.compose(None, [], "main").strategy_specs
+    unknown = [n for n in names or () if n not in specs]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}: configs/main.yaml's strategy_specs has {', '.join(specs)}")
+    return {name: list(specs[name]) for name in names or specs}
+
+
 def stage_evaluate(run: Run) -> dict:
+    from ddtree.data import Prompt
+    from ddtree.eval.runner import RunSettings
+
     cfg = run.cfg
-    pair = pair_lib.load_pair(cfg.pair, device=cfg.device, dtype=cfg.dtype())
-    nll = mean_nll(pair.target, run.stream("heldout"), cfg.lm.seq_len)
+    nll = mean_nll(run.target(), run.stream("heldout"), cfg.lm.seq_len)
     run.log(f"  held-out perplexity {math.exp(nll):.2f}")
-    prompts = [pair.tokenizer.encode(p["text"]) for p in pair.prompts]
-    plan = strategies(pair.dflash, pair.mtp, cfg.tau_budgets)
-    rows = benchmark(pair.target, plan, prompts, (0.0, 1.0), cfg.tau_new_tokens, seed=cfg.seed,
-                     max_seconds=run.seconds(cfg.tau_seconds, overhead=5), log=run.log)
-    run.log(format_table(rows, "held-out prompts"))
+    out = cfg.work / "evaluate"
+    shutil.rmtree(out, ignore_errors=True)  # responses of earlier drafters: this stage decodes afresh
+    specs = strategy_specs(cfg.strategies)
+    overrides = [f"target.dir='{cfg.pair.resolve()}'", f"device={cfg.device}",
+                 f"dtype={str(cfg.dtype()).removeprefix('torch.')}", f"fast={str(cfg.fast).lower()}"]
+    # The rows load_prompts("jsonl", path=...) gives for this file, read without the datasets library.
+    prompts = [Prompt(p["id"], "heldout", (p["text"],), i)
+               for i, p in enumerate(pair_lib.read_prompts(cfg.pair / pair_lib.PROMPTS))]
+    settings = RunSettings(max_new_tokens=cfg.tau_new_tokens, seed=cfg.seed, warmup_tokens=8, progress=False,
+                           max_prompt_tokens=256)
+    rows = presets.run_comparison(specs, TEMPERATURES, overrides, {"heldout": prompts}, out, settings,
+                                  max_seconds=run.seconds(cfg.tau_seconds, overhead=5), config_name="main",
+                                  echo=run.log)["heldout"]
     return {"heldout_perplexity": math.exp(nll), "tau": [dataclasses.asdict(r) for r in rows],
-            "tau_setup": {"prompts": rows[0].responses, "max_new_tokens": cfg.tau_new_tokens}}
+            "tau_setup": {"prompts": rows[0].responses, "max_new_tokens": cfg.tau_new_tokens,
+                          "max_prompt_tokens": settings.max_prompt_tokens, "strategies": specs}}
 
 
 STAGE_FUNCTIONS = {"tokenizer": stage_tokenizer, "target": stage_target, "regenerate": stage_regenerate,
@@ -308,9 +334,6 @@ STAGE_FUNCTIONS = {"tokenizer": stage_tokenizer, "target": stage_target, "regene
 
 def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = print) -> dict:
     """Run the configured stages (skipping finished ones); returns the pair's metrics."""
-    unknown = set(cfg.stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     cfg.pair.mkdir(parents=True, exist_ok=True)
     run = Run(cfg, log)
     torch.manual_seed(cfg.seed)
