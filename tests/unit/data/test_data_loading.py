@@ -80,8 +80,8 @@ def test_user_jsonl(fixtures: Path) -> None:
 
 def test_user_jsonl_row_without_a_prompt_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"text": "no prompt key"}) + "\n")
-    with pytest.raises(ValueError, match="'prompt' string or a 'turns' list"):
+    bad.write_text(json.dumps({"body": "no prompt key"}) + "\n")
+    with pytest.raises(ValueError, match=r"'prompt' \(or 'text'\) string or a 'turns' list"):
         load_prompts("jsonl", path=bad)
 
 
