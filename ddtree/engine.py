@@ -39,8 +39,9 @@ class RoundRecord:
 class SpeculativeEngine:
     """Runs the round loop for one configuration of parts.
 
-    >>> engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder(),
-    ...                            DenseMaskCompiler(), GreedyVerifier())     # doctest: +SKIP
+    The mask compiler defaults to ``DenseMaskCompiler`` and the verifier to greedy (T = 0).
+
+    >>> engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder())  # doctest: +SKIP
     >>> engine.generate(prompt_ids, max_new_tokens=64).tokens                 # doctest: +SKIP
     """
 
@@ -49,12 +50,20 @@ class SpeculativeEngine:
         target: Target,
         drafter: Drafter,
         tree_builder: TreeBuilder,
-        mask_compiler: MaskCompiler,
-        verifier: Verifier,
+        mask_compiler: MaskCompiler | None = None,
+        verifier: Verifier | None = None,
         stop_token_ids: Sequence[int] = (),
         timer_sync: bool | None = None,
         tokenizer=None,
     ) -> None:
+        if mask_compiler is None:
+            from ddtree.masks import DenseMaskCompiler
+
+            mask_compiler = DenseMaskCompiler()
+        if verifier is None:
+            from ddtree.verifiers import GreedyVerifier
+
+            verifier = GreedyVerifier()
         self.target, self.drafter = target, drafter
         self.tokenizer = tokenizer  # optional: lets generate() take text
         self.tree_builder, self.mask_compiler, self.verifier = tree_builder, mask_compiler, verifier

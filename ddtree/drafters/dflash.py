@@ -86,6 +86,16 @@ class DFlashDrafter:
         self.length = 0  # committed tokens whose features are in the cache
         self._graph: tuple | None = None
 
+    @classmethod
+    def from_pretrained(cls, name_or_path, target: Target, **kwargs) -> "DFlashDrafter":
+        """A DFlash checkpoint (hub name or directory, z-lab format) loaded in the target's dtype,
+        on the device of its output; ``kwargs`` as for the constructor.
+
+        >>> drafter = DFlashDrafter.from_pretrained("z-lab/Qwen3-8B-DFlash-b16", target)   # doctest: +SKIP
+        """
+        model = DFlashDraftModel.from_pretrained(name_or_path, dtype=target.dtype, device=target.output_device)
+        return cls(model, target, **kwargs)
+
     def reset(self, prompt: TargetOutput) -> None:
         self.length, self._pending = 0, prompt.taps
         self._absorb()  # the draft prefill over the prompt

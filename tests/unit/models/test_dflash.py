@@ -123,3 +123,22 @@ def test_folded_attention_equals_expanded_heads(tiny_models):
     expanded = attention(x, ctx_k, ctx_v, cos, sin, columns.expand(1, 1, 8, 28).clone())
     torch.testing.assert_close(folded, expanded, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(attention(x, ctx_k, ctx_v, cos, sin), attention(x, ctx_k, ctx_v, cos, sin, torch.zeros(1, 1, 8, 28)))
+
+
+def test_from_pretrained_loads_a_checkpoint_for_the_target_and_the_engine_has_defaults(tiny_models, tmp_path):
+    import torch
+
+    from ddtree import SpeculativeEngine
+    from ddtree.drafters import DFlashDrafter
+    from ddtree.models import HFTarget
+    from ddtree.testing import greedy_reference, tiny_dflash
+    from ddtree.trees import BestFirstTreeBuilder
+
+    model = tiny_models["qwen3"]
+    tiny_dflash(model, block_size=8).save_pretrained(tmp_path / "drafter")
+    target = HFTarget(model)
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "drafter", target)
+    assert drafter.block_size == 8 and drafter.dtype == target.dtype
+    engine = SpeculativeEngine(target, drafter, BestFirstTreeBuilder(16))  # dense masks, greedy verify
+    prompt = torch.arange(4, 14)
+    assert engine.generate(prompt, max_new_tokens=12).tokens == greedy_reference(model, prompt, 12)
