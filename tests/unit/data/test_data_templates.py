@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddtree.data import DATASETS, Prompt, load_prompts
+from ddtree.data.templates import HUMANEVAL_HEADER
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -110,13 +111,27 @@ PROTOCOL = {  # name: (hub id, config, split, Table 2 count)
 }
 
 
+def table_of(name: str) -> tuple:
+    spec = DATASETS[name]
+    return spec.hub_id, spec.config, spec.split, spec.count
+
+
 def test_registry_matches_the_paper_protocol() -> None:
     table = {
         name: (spec.hub_id, spec.config, spec.split, spec.count)
         for name, spec in DATASETS.items()
-        if name != "jsonl"
+        if name not in ("jsonl", "humaneval-code")  # a user's file; HumanEval's rows as bare stubs
     }
     assert table == PROTOCOL
+    assert table_of("humaneval-code") == PROTOCOL["humaneval"]  # the same rows, so the same subset
     assert DATASETS["livecodebench"].hub_files == tuple(
         f"test{suffix}.jsonl" for suffix in ("", "2", "3", "4", "5", "6")
     )
+
+
+def test_humaneval_code_is_the_protocol_subset_without_header_and_fence() -> None:
+    fenced = load_prompts("humaneval", limit=4)
+    bare = load_prompts("humaneval-code", limit=4)
+    assert [p.id for p in bare] == [p.id for p in fenced]
+    for f, b in zip(fenced, bare):
+        assert f.turns[0] == f"{HUMANEVAL_HEADER}```python\n{b.turns[0]}\n```"
