@@ -2,6 +2,7 @@
 models here), prints every strategy at both temperatures, writes records make_tables reads,
 and resumes: a rerun decodes nothing."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,16 +15,32 @@ ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = ("ar", "mtp", "dflash", "ddtree-8", "ddtree-16")
 
 
+def _overrides(pair: Path, *extra: str) -> list[str]:
+    return [f"target.dir={pair}", "+strategy_specs.ddtree-8=['experiment=ddtree','tree.budget=8']",
+            f"strategies=[{','.join(STRATEGIES)}]", "prompt_sets.humaneval.limit=2", "prompt_sets.heldout.limit=2",
+            "max_new_tokens=8", "warmup_tokens=2", "progress=false", *extra]
+
+
 def _main(pair: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "experiments" / "main.py"), f"target.dir={pair}",
-           "+strategy_specs.ddtree-8=['experiment=ddtree','tree.budget=8']", f"strategies=[{','.join(STRATEGIES)}]",
-           "prompt_sets.humaneval.limit=2", "prompt_sets.heldout.limit=2", "max_new_tokens=8", "warmup_tokens=2",
-           "progress=false", f"hydra.run.dir={out}", *extra]
+    """The command line, as a user runs it."""
+    cmd = [sys.executable, str(ROOT / "experiments" / "main.py"), *_overrides(pair, *extra), f"hydra.run.dir={out}"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def test_main_job_prints_every_strategy_at_both_temperatures_and_resumes(tmp_path):
+def _main_here(pair: Path, out: Path, capsys, *extra: str) -> tuple[int, str]:
+    """The same job in this process (no second interpreter start): its exit code and output."""
+    from ddtree import presets
+
+    spec = importlib.util.spec_from_file_location("main_job", ROOT / "experiments" / "main.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    overrides = _overrides(pair, *extra)
+    code = job.run(presets.compose(None, overrides, "main"), out, overrides)
+    return code, capsys.readouterr().out
+
+
+def test_main_job_prints_every_strategy_at_both_temperatures_and_resumes(tmp_path, capsys):
     pair, out = tiny_pair(tmp_path / "pair"), tmp_path / "out"
     proc = _main(pair, out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,17 +55,14 @@ def test_main_job_prints_every_strategy_at_both_temperatures_and_resumes(tmp_pat
             assert r["speedup"] == 1.0 if r["strategy"] == "ar" else r["speedup"] > 0
     meta = json.loads((out / "humaneval" / "ddtree-8_T0" / "run.json").read_text())
     assert meta["preset"] == "ddtree" and meta["parts"]["budget"] == 8 and meta["strategy"] == "ddtree-8"
-    again = _main(pair, out)
-    assert again.returncode == 0 and "reused" in again.stdout
+    code, stdout = _main_here(pair, out, capsys)  # the same command again: everything is recorded
+    assert code == 0 and "reused" in stdout
     assert json.loads((out / "tables.json").read_text()) == rows
 
-
-def test_main_job_takes_a_prompt_file_and_says_what_a_time_cap_cut(tmp_path):
-    pair, out = tiny_pair(tmp_path / "pair"), tmp_path / "out"
+    # A user's prompt file instead of the two sets, and a time cap that says what it cut.
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n"}) + "\n" for i in range(3)))
-    proc = _main(pair, out, "data=jsonl", f"data.path={prompts}", "strategies=[ar,ddtree-8]", "temperatures=[0]",
-                 "max_seconds=0")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "jsonl: 1 of 3 prompts" in proc.stdout
-    assert "time cap: jsonl stopped after 1 of 3 prompts" in proc.stdout
+    code, stdout = _main_here(pair, tmp_path / "mine", capsys, "data=jsonl", f"data.path={prompts}",
+                              "strategies=[ar,ddtree-8]", "temperatures=[0]", "max_seconds=0")
+    assert code == 0 and "jsonl: 1 of 3 prompts" in stdout
+    assert "time cap: jsonl stopped after 1 of 3 prompts" in stdout
