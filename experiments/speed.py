@@ -56,9 +56,10 @@ def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: in
             "peak_extra_mib": peak / 2**20, "tokens": result.tokens}
 
 
-def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model):
+def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model, mtp_head=None):
     """(label, path, engine) for every preset of ``cfg.strategies`` (configs/experiment/) on every
-    path; a tree preset once per budget of ``cfg.budgets`` (label ``preset-B``)."""
+    path; a tree preset once per budget of ``cfg.budgets`` (label ``preset-B``). DFlash presets
+    draft with ``dflash_model``, MTP presets with ``mtp_head`` (without one they are not built)."""
     paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
     for preset in cfg.strategies:
         base = presets.compose(preset)  # block_size null: the drafter's own
@@ -69,12 +70,23 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
             label = preset if budget is None else f"{preset}-{budget}"
             for path, target in paths:
                 try:
+                    heads = {} if mtp_head is None else {"head": mtp_head}
                     engine = engine_from_config(strategy, target, model=dflash_model, max_length=cfg.max_length,
-                                                cuda_graphs=path == "fast" and cfg.cuda_graphs)
+                                                cuda_graphs=path == "fast" and cfg.cuda_graphs, **heads)
                 except Exception as err:  # e.g. a preset whose drafter this run has no weights for
                     print(f"{label} {path}: not built: {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
                     continue
                 yield label, path, engine
+
+
+def _mtp_head(cfg: DictConfig, model):
+    """An MTP head for the MTP presets: ``mtp_path``'s, else a random one (random targets only)."""
+    from ddtree.models import MTPHead
+
+    if cfg.get("mtp_path"):
+        weight = model.get_input_embeddings().weight
+        return MTPHead.from_pretrained(cfg.mtp_path, dtype=weight.dtype, device=weight.device)
+    return MTPHead.for_target(model) if cfg.target_path is None else None
 
 
 def _models(cfg: DictConfig):
@@ -104,12 +116,12 @@ def _check_prompts(cfg: DictConfig, fallback: torch.Tensor) -> list[torch.Tensor
 
 
 @torch.inference_mode()
-def _greedy_check(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model, prompts) -> dict:
+def _greedy_check(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model, prompts, mtp_head=None) -> dict:
     """Per strategy and path, per prompt: None where the tokens equal eager AR's, else the first
     differing token with the eager target's top-1/top-2 logit gap there. A divergence is a
     near-tie only when that gap is below ``cfg.near_tie_gap``; any other is a bug."""
     reference, result = {}, {}
-    for name, path, engine in _strategies(cfg, eager, fast, dflash_model):
+    for name, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head):
         parts = []
         for i, prompt in enumerate(prompts):
             tokens = engine.generate(prompt, max_new_tokens=cfg.check_tokens).tokens
@@ -190,7 +202,8 @@ def main(cfg: DictConfig) -> None:
     prompt = check_prompts[0] if cfg.prompts is not None else prompt
 
     rows = []
-    for name, path, engine in _strategies(cfg, eager, fast, dflash_model):
+    mtp_head = _mtp_head(cfg, model)
+    for name, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head):
         try:
             row = {"strategy": name, "path": path, **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size)}
         except Exception as err:  # one failing path must not cost the whole table
@@ -201,7 +214,7 @@ def main(cfg: DictConfig) -> None:
 
     if cfg.cuda_graphs:
         print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
-    checks = _greedy_check(cfg, eager, fast, dflash_model, check_prompts) if cfg.check_tokens else {}
+    checks = _greedy_check(cfg, eager, fast, dflash_model, check_prompts, mtp_head) if cfg.check_tokens else {}
     ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "ar"}
     tau = dict(OmegaConf.to_container(cfg.tau))
     table = _table(rows, tau, ar)

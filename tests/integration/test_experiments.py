@@ -178,9 +178,11 @@ def test_speed_takes_its_strategies_from_the_presets():
     cfg = OmegaConf.create({"strategies": ["ar", "dflash", "ddtree", "mtp_tree"], "budgets": [4, 16],
                             "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": False, "tree_method": "auto"})
     fast = StaticTarget(model, max_length=256, cuda_graphs=False)
-    built = list(speed._strategies(cfg, HFTarget(model), fast, tiny_dflash(model, block_size=8)))
+    from ddtree.models import MTPHead
+
+    built = list(speed._strategies(cfg, HFTarget(model), fast, tiny_dflash(model, block_size=8), MTPHead.for_target(model)))
     assert [(label, path) for label, path, _ in built] == [
-        (s, p) for s in ("ar", "dflash", "ddtree-4", "ddtree-16") for p in ("eager", "fast")]  # mtp_tree: no head here
+        (s, p) for s in ("ar", "dflash", "ddtree-4", "ddtree-16", "mtp_tree-4", "mtp_tree-16") for p in ("eager", "fast")]
     prompt = torch.arange(4, 20)
     want = greedy_reference(model, prompt, 16)
     for label, path, engine in built:
