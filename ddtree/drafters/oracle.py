@@ -10,7 +10,10 @@ scales the logits (above 1: a more confident drafter).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+from transformers import DynamicCache
 
 from ddtree.types import Draft, TargetOutput, Verification
 
@@ -24,6 +27,7 @@ class OracleDrafter:
         self.model, self.depth, self.swap_prob, self.sharpness = model, depth, swap_prob, sharpness
         self.rng = torch.Generator().manual_seed(seed)
         self.committed: list[int] = []
+        self._cache_kwarg: str | None = None
 
     def reset(self, prompt: TargetOutput) -> None:
         self.committed = prompt.tokens.tolist()
@@ -35,16 +39,26 @@ class OracleDrafter:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         if self.depth == 0:
             return Draft.empty(vocab)
-        out = self.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.depth, min_new_tokens=self.depth, do_sample=False,
-            output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
-        )
-        logp = torch.log_softmax(self.sharpness * torch.cat(out.logits).float(), dim=-1).cpu()  # [L, vocab]
+        logp = torch.log_softmax(self.sharpness * self._greedy_logits(ids).float(), dim=-1).cpu()  # [L, vocab]
         for d in range(logp.shape[0]):
             if torch.rand((), generator=self.rng) < self.swap_prob:
                 top2 = logp[d].topk(2).indices
                 logp[d, top2] = logp[d, top2.flip(0)]
         return Draft(logp)
+
+    def _greedy_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """The model's logits ``[depth, vocab]`` along its own greedy continuation of ``ids``: what
+        ``generate(do_sample=False, output_logits=True)`` returns, without its per-call overhead."""
+        if self._cache_kwarg is None:
+            params = inspect.signature(self.model.forward).parameters
+            self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        cache = DynamicCache(config=self.model.config)
+        logits, step = [], ids
+        for _ in range(self.depth):
+            out = self.model(input_ids=step, use_cache=True, **{self._cache_kwarg: cache})
+            logits.append(out.logits[0, -1])
+            step = logits[-1].argmax()[None, None]
+        return torch.stack(logits)
 
     def accept(self, verification: Verification, context: TargetOutput) -> None:
         self.committed += list(verification.tokens)
