@@ -138,9 +138,12 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
         model = target
         ov += list(getattr(target, "preset_overrides", ()))  # a target load() built: its config again
     target_overrides = list(ov)
+    network = {}
     if isinstance(drafter, (str, Path)):
         ov += [f"target.drafters.dflash={_quoted(drafter)}", f"target.drafters.mtp={_quoted(drafter)}"]
         drafter = None
+    elif drafter is not None and not isinstance(drafter, Drafter):  # a loaded DFlashDraftModel or MTPHead
+        network, drafter = {"model": drafter, "head": drafter}, None
     ov.append(f"temperature={temperature}")
     ov += [f"{k}={v}" for k, v in (("device", device), ("dtype", dtype), ("fast", fast)) if v is not None]
     ov += list(overrides)
@@ -156,7 +159,7 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
             from hydra.utils import instantiate
 
             tokenizer = instantiate(cfg.target.tokenizer)
-    return engine_from_config(cfg, built, tokenizer=tokenizer, drafter=drafter)
+    return engine_from_config(cfg, built, tokenizer=tokenizer, drafter=drafter, **network)
 
 
 def _target(cfg, model):
@@ -190,9 +193,16 @@ def engine_from_config(cfg, target: Target, tokenizer=None, drafter: Drafter | N
         kwargs = _accepted(cfg.drafter._target_, drafter_kwargs) if cfg.drafter.get("_partial_") else {}
         drafter = instantiate(cfg.drafter, **kwargs)
     stop = eos_stop_tokens(tokenizer) if tokenizer is not None else ()
-    engine = build_engine(target, drafter, tree, mask, verifier, stop_token_ids=stop)
-    engine.tokenizer = tokenizer
-    return engine
+    return build_engine(target, drafter, tree, mask, verifier, stop_token_ids=stop, tokenizer=tokenizer)
+
+
+def _identity(cfg, settings) -> dict:
+    """What a finished run must share with this one to be reused (the prompts are added per set)."""
+    from omegaconf import OmegaConf
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return {**{k: resolved.get(k) for k in IDENTITY_KEYS},
+            "max_new_tokens": settings.max_new_tokens, "max_prompt_tokens": settings.max_prompt_tokens}
 
 
 def _accepted(path: str, kwargs: dict) -> dict:
@@ -239,6 +249,7 @@ def run_comparison(specs: Mapping[str, Sequence[str]], temperatures: Sequence[fl
     first = next(iter(configs.values()))
     target, tokenizer = instantiate(first.target.model), instantiate(first.target.tokenizer)
     engines = {key: engine_from_config(c, target, tokenizer=tokenizer) for key, c in configs.items()}
+    identities = {key: _identity(c, settings) for key, c in configs.items()}
     echo(f"{first.target.name} as {type(target).__name__} on {target.input_device}; strategies {', '.join(specs)}; "
          f"T = {', '.join(f'{float(t):g}' for t in temperatures)}; {settings.max_new_tokens} new tokens; "
          f"threads {_threads()} of {os.cpu_count()} cores")
@@ -248,13 +259,10 @@ def run_comparison(specs: Mapping[str, Sequence[str]], temperatures: Sequence[fl
         spec = prompt_sets[set_name]
         where = OmegaConf.to_container(spec, resolve=True) if OmegaConf.is_config(spec) else \
             [p.id for p in prompts] if isinstance(spec, (list, tuple)) else spec
-        contenders = []
-        for (name, t), c in configs.items():
-            resolved = OmegaConf.to_container(c, resolve=True)
-            ident = {**{k: resolved.get(k) for k in IDENTITY_KEYS}, "prompts": where,
-                     "max_new_tokens": settings.max_new_tokens, "max_prompt_tokens": settings.max_prompt_tokens}
-            contenders.append(Contender(name, c.strategy, t, engines[name, t], out / set_name / f"{name}_T{t:g}",
-                                        ident, {"model": first.target.name, "dataset": set_name}))
+        contenders = [Contender(name, c.strategy, t, engines[name, t], out / set_name / f"{name}_T{t:g}",
+                                {**identities[name, t], "prompts": where},
+                                {"model": first.target.name, "dataset": set_name})
+                      for (name, t), c in configs.items()]
         share = (max_seconds - (time.perf_counter() - start)) / (len(sets) - i)
         summary = compare(contenders, tokenizer, prompts, settings, max_seconds=share, desc=set_name)
         rows = results[set_name] = table_rows(contenders)

@@ -61,6 +61,7 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     path; a tree preset once per budget of ``cfg.budgets`` (label ``preset-B``). DFlash presets
     draft with ``dflash_model``, MTP presets with ``mtp_head`` (without one they are not built)."""
     paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
+    heads = {} if mtp_head is None else {"head": mtp_head}
     for preset in cfg.strategies:
         base = presets.compose(preset)  # block_size null: the drafter's own
         budgets = list(cfg.budgets) if "budget" in base.tree else [None]
@@ -70,7 +71,6 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
             label = preset if budget is None else f"{preset}-{budget}"
             for path, target in paths:
                 try:
-                    heads = {} if mtp_head is None else {"head": mtp_head}
                     engine = engine_from_config(strategy, target, model=dflash_model, max_length=cfg.max_length,
                                                 cuda_graphs=path == "fast" and cfg.cuda_graphs, **heads)
                 except Exception as err:  # e.g. a preset whose drafter this run has no weights for
@@ -80,9 +80,12 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
 
 
 def _mtp_head(cfg: DictConfig, model):
-    """An MTP head for the MTP presets: ``mtp_path``'s, else a random one (random targets only)."""
+    """An MTP head for the MTP presets: ``mtp_path``'s, else a random one (random targets only);
+    None when no preset of ``cfg.strategies`` drafts with one."""
     from ddtree.models import MTPHead
 
+    if not any("head" in presets.compose(p).drafter for p in cfg.strategies):
+        return None
     if cfg.get("mtp_path"):
         weight = model.get_input_embeddings().weight
         return MTPHead.from_pretrained(cfg.mtp_path, dtype=weight.dtype, device=weight.device)

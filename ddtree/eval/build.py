@@ -43,11 +43,11 @@ def build_engine(
     mask_compiler: MaskCompiler,
     verifier: Verifier,
     stop_token_ids: Sequence[int] = (),
+    tokenizer=None,
 ) -> SpeculativeEngine:
     """The loop for one strategy. AR is ``NullDrafter`` with the chain: the same loop, timed alike."""
-    return SpeculativeEngine(
-        target, bind_drafter(drafter, target), tree_builder, mask_compiler, verifier, stop_token_ids=stop_token_ids
-    )
+    return SpeculativeEngine(target, bind_drafter(drafter, target), tree_builder, mask_compiler, verifier,
+                             stop_token_ids=stop_token_ids, tokenizer=tokenizer)
 
 
 def describe_parts(engine: SpeculativeEngine) -> dict:

@@ -126,30 +126,39 @@ class StaticTarget(HFTarget):
         ids = input_ids.reshape(1, -1)
         self.new_cache()
         self.past_length = 0
-        causal = torch.tril(torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool))
-        # A mask of its own: the verify buffer of the same (n, W), if any, is read by a graph.
-        mask = self._full_mask(ids.shape[1], causal, 0, keep=False)
+        mask = self._prefill_mask(ids.shape[1])
         out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
         self._check_cache()
         self.past_length = ids.shape[1]
         return out
 
-    def _full_mask(self, n: int, tree_part: Tensor, past: int, keep: bool = True) -> Tensor:
-        """The folded ``[1, 1, groups * n, W]`` additive mask: prefix visible, the tree part as
-        given (a bool ``[n, n]`` or a MaskCompiler's additive ``[1, 1, n, past + n]``), rest hidden.
-        ``keep``: the (n, W) buffer kept for verifies (rewritten in place); else a new one."""
-        width = min(self.max_length, -(-(past + n) // self.width_step) * self.width_step)
-        low = torch.finfo(self.dtype).min
+    def _width(self, total: int) -> int:
+        """Cache rows an attention reads for ``total`` live rows: rounded up to ``width_step``."""
+        return min(self.max_length, -(-total // self.width_step) * self.width_step)
+
+    def _prefill_mask(self, n: int) -> Tensor:
+        """A folded causal mask for a prompt of n tokens, in a buffer of its own: the verify buffer
+        of the same (n, W), if any, belongs to a graph that reads it."""
+        width, low = self._width(n), torch.finfo(self.dtype).min
+        buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=self.input_device))
+        buf.view(self.groups, n, width)[:, :, :n] = torch.where(causal, 0.0, low).to(self.dtype)
+        return buf
+
+    def _full_mask(self, n: int, tree_part: Tensor, past: int) -> Tensor:
+        """The folded ``[1, 1, groups * n, W]`` additive mask of a verify, in the (n, W) buffer kept
+        for it: prefix visible, the tree part as given (a bool ``[n, n]`` or a MaskCompiler's
+        additive ``[1, 1, n, past + n]``), rest hidden."""
+        width, low = self._width(past + n), torch.finfo(self.dtype).min
         key = (n, width)
-        buf = self._masks.get(key) if keep else None
+        buf = self._masks.get(key)
         if buf is None:
             buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
-            if not keep:
-                buf.view(self.groups, n, width)[:, :, :past] = 0
-                buf.view(self.groups, n, width)[:, :, past : past + n] = self._block(tree_part, past, n, low)
-                return buf
             self._masks[key], self._mask_past[key] = buf, 0
-        block = self._block(tree_part, past, n, low)
+        if tree_part.dtype == torch.bool:
+            block = torch.where(tree_part.to(buf.device), 0.0, low).to(self.dtype)
+        else:
+            block = tree_part[0, 0, :, past : past + n]
         # Only what changed since this buffer's last use is written. Within a sequence the prefix
         # only grows: the columns it gained (the last block's among them) become 0, the new block
         # covers the rest of the last one, and the tail beyond it was already hidden.
@@ -163,12 +172,6 @@ class StaticTarget(HFTarget):
         rows[:, :, past : past + n] = block
         self._mask_past[key] = past
         return buf
-
-    def _block(self, tree_part: Tensor, past: int, n: int, low: float) -> Tensor:
-        """The ``[n, n]`` additive tree block of a bool ``[n, n]`` or an additive ``[1, 1, n, past + n]`` mask."""
-        if tree_part.dtype == torch.bool:
-            return torch.where(tree_part.to(self.input_device), 0.0, low).to(self.dtype)
-        return tree_part[0, 0, :, past : past + n]
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         n, past = inputs.input_ids.shape[1], inputs.past_length

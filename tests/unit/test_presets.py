@@ -73,3 +73,12 @@ def test_a_loaded_model_serves_as_the_target():
     from ddtree.testing import greedy_reference
 
     assert engine.generate(prompt, max_new_tokens=8).tokens == greedy_reference(model, prompt, 8)
+
+
+def test_a_loaded_drafter_network_is_taken_as_it_is(ar):
+    from ddtree.models import DFlashDraftModel
+
+    network = DFlashDraftModel.from_pretrained(presets.REPO / "assets" / "pair" / "dflash", dtype=ar.target.dtype)
+    engine = ddtree.load("dflash", target=ar.target, drafter=network)
+    assert engine.drafter.model is network
+    assert engine.generate("x = 1\n", max_new_tokens=16).tokens == ar.generate("x = 1\n", max_new_tokens=16).tokens
