@@ -49,6 +49,8 @@ class PipelineConfig:
     stages: tuple[str, ...]
     seed: int
     continue_from: Path | None
+    target_config: str  # the configs/target/ entry that loads a pair of this layout (evaluate stage)
+    mtp_in_target: bool  # the MTP head's mtp.* tensors go into the target's checkpoint (Qwen3.5/3.6 style)
     vocab_size: int
     heldout_prompts: int
     target: TargetSpec
@@ -180,13 +182,21 @@ def stage_target(run: Run) -> dict:
     model = build_target(spec, tok.eos_token_id, tok.pad_token_id, seed=cfg.seed).to(cfg.device)
     seconds = run.seconds(cfg.target_budget.max_seconds, "regenerate", "dflash", "mtp", "evaluate", overhead=40)
     budget = dataclasses.replace(cfg.target_budget, max_seconds=seconds)
-    run.log(f"  target: {_params(model) / 1e6:.2f}M parameters, {budget.max_seconds:.0f}s budget")
+    run.log(f"  target: {type(model).__name__}, {_params(model) / 1e6:.2f}M parameters, {budget.max_seconds:.0f}s budget")
     result = train_target(model, run.stream("train"), run.stream("heldout"), cfg.lm, budget, log=run.log)
     model.to(cfg.dtype()).save_pretrained(str(cfg.pair / pair_lib.TARGET))
     return {"parameters": _params(model), "steps": result.train.steps, "seconds": result.train.seconds,
             "final_loss": result.train.losses[-1], "best_step": result.best_step, "seq_len": cfg.lm.seq_len,
             "batch_size": cfg.lm.batch_size, "layers": spec.num_hidden_layers, "hidden_size": spec.hidden_size,
-            "heldout_history": result.history}
+            "architecture": architecture(model.config), "heldout_history": result.history}
+
+
+def architecture(config) -> str:
+    """The card's name for a target's architecture: "Qwen3", or "Qwen3.5 hybrid (6 GDN + 2 attention)"."""
+    kinds = getattr(config, "layer_types", None) or []
+    if "linear_attention" not in kinds:
+        return "Qwen3"
+    return f"Qwen3.5 hybrid ({kinds.count('linear_attention')} GDN + {kinds.count('full_attention')} attention)"
 
 
 def regen_prompts(run: Run, tok) -> tuple[torch.Tensor, int]:
@@ -245,7 +255,7 @@ def _continued(cfg: PipelineConfig, part: str) -> Path | None:
     """The checkpoint directory to continue ``part`` from, or None for fresh weights."""
     if cfg.continue_from is None:
         return None
-    path = cfg.continue_from / part
+    path = (pair_lib.mtp_location(cfg.continue_from) if part == pair_lib.MTP else None) or cfg.continue_from / part
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"continue_from={cfg.continue_from} has no {part}/ checkpoint to continue training")
     return path
@@ -287,9 +297,13 @@ def stage_mtp(run: Run) -> dict:
     head = head.to(cfg.device, torch.float32)
     budget = dataclasses.replace(cfg.mtp_budget, max_seconds=run.seconds(cfg.mtp_budget.max_seconds, "evaluate", overhead=10))
     result = train_mtp(head, model, data, cfg.mtp, budget, log=run.log)
-    head.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.MTP)
+    head = head.to(cfg.dtype())
+    if cfg.mtp_in_target:
+        head.save_into(cfg.pair / pair_lib.TARGET)
+    else:
+        head.save_pretrained(cfg.pair / pair_lib.MTP)
     record = {"parameters": _params(head), "steps": result.steps, "seconds": result.seconds,
-              "final_loss": result.losses[-1], "depth": cfg.mtp.depth}
+              "final_loss": result.losses[-1], "depth": cfg.mtp.depth, "in_target": cfg.mtp_in_target}
     return record if start is None else {**record, "continued_from": earlier_training(cfg, "mtp")}
 
 
@@ -313,7 +327,7 @@ def stage_evaluate(run: Run) -> dict:
     out = cfg.work / "evaluate"
     shutil.rmtree(out, ignore_errors=True)  # responses of earlier drafters: this stage decodes afresh
     specs = strategy_specs(cfg.strategies)
-    overrides = [f"target.dir='{cfg.pair.resolve()}'", f"device={cfg.device}",
+    overrides = [f"target={cfg.target_config}", f"target.dir='{cfg.pair.resolve()}'", f"device={cfg.device}",
                  f"dtype={str(cfg.dtype()).removeprefix('torch.')}", f"fast={str(cfg.fast).lower()}"]
     # The rows load_prompts("jsonl", path=...) gives for this file, read without the datasets library.
     prompts = [Prompt(p["id"], "heldout", (p["text"],), i)

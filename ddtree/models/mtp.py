@@ -215,15 +215,31 @@ class MTPHead(nn.Module):
         return head.to(device, dtype).eval()
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """``mtp.*`` tensors in ``model.safetensors`` plus the target's config.json, as Qwen ships them."""
+        """``mtp.*`` tensors in ``model.safetensors`` plus the target's config.json (a head on its own)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {f"mtp.{k}": v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        save_file(self._checkpoint_tensors(), str(directory / "model.safetensors"), metadata={"format": "pt"})
         config = copy.deepcopy(self.config)
         if getattr(config, "mtp_num_hidden_layers", None) is None:
             config.mtp_num_hidden_layers = 1
         config.to_json_file(str(directory / "config.json"), use_diff=False)
+
+    def save_into(self, checkpoint: str | Path) -> None:
+        """Write the ``mtp.*`` tensors into a single-file transformers checkpoint of the target, as
+        Qwen3.5/3.6 ship them (transformers skips them when it loads the model; ``from_pretrained``
+        of that directory reads them). Replaces the MTP tensors the file already holds."""
+        file, config_file = Path(checkpoint) / "model.safetensors", Path(checkpoint) / "config.json"
+        if not file.is_file() or not config_file.is_file():
+            raise FileNotFoundError(f"{checkpoint} is not a single-file checkpoint (config.json, model.safetensors)")
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            state = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("mtp.")}
+        save_file({**state, **self._checkpoint_tensors()}, str(file), metadata={"format": "pt"})
+        config = json.loads(config_file.read_text())
+        config["mtp_num_hidden_layers"] = 1
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    def _checkpoint_tensors(self) -> dict[str, Tensor]:
+        return {f"mtp.{k}": v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
 
 
 # -- checkpoint reading --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The small target language model: a Qwen3 decoder trained from scratch on a token stream.
+"""The small target language model: a Qwen3 decoder (or a Qwen3.5-layout Gated DeltaNet hybrid)
+trained from scratch on a token stream.
 
 Training samples random windows of the concatenated training documents (eos-separated), and
 keeps the weights of the step with the lowest held-out loss: the corpus is small next to what
@@ -19,7 +20,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, Qwen3_5TextConfig, Qwen3Config
 
 from ddtree.training.loop import Budget, OptimConfig, TrainResult, autocast, train_loop
 
@@ -39,24 +40,55 @@ class TargetSpec:
     rope_theta: float = 10_000.0
     tie_word_embeddings: bool = True  # halves the embedding bytes of a model this small
 
-    @staticmethod
-    def tiny(vocab_size: int) -> "TargetSpec":
+    @classmethod
+    def tiny(cls, vocab_size: int) -> "TargetSpec":
         """A CPU-test size."""
-        return TargetSpec(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+        return cls(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+
+    def hf_config(self, eos_token_id: int, pad_token_id: int) -> PretrainedConfig:
+        fields = asdict(self)
+        rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta")}  # transformers 5 keeps RoPE here
+        return Qwen3Config(
+            **fields, rope_parameters=rope, rms_norm_eps=1e-6, attention_dropout=0.0, use_sliding_window=False,
+            bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id, attn_implementation="sdpa",
+        )
 
 
-def build_target(spec: TargetSpec, eos_token_id: int = 0, pad_token_id: int = 1, seed: int = 0) -> Qwen3ForCausalLM:
-    """A freshly initialised Qwen3 causal LM (float32; train under autocast, ship in bf16)."""
-    fields = asdict(spec)
-    rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta")}  # transformers 5 keeps RoPE here
-    config = Qwen3Config(
-        **fields, rope_parameters=rope, rms_norm_eps=1e-6, attention_dropout=0.0, use_sliding_window=False,
-        bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id, attn_implementation="sdpa",
-    )
+@dataclass(frozen=True)
+class HybridTargetSpec(TargetSpec):
+    """A Qwen3.5/3.6-layout hybrid (``Qwen3_5ForCausalLM``): Gated DeltaNet layers, every
+    ``full_attention_interval``-th layer full attention (Qwen3.6's 3:1 pattern at 4), gated
+    attention with partial rotary as Qwen3.5 has it. Loads with the code that loads a real Qwen3.5."""
+
+    full_attention_interval: int = 4
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 64
+    linear_value_head_dim: int = 64
+    linear_conv_kernel_dim: int = 4
+    partial_rotary_factor: float = 0.25
+
+    def hf_config(self, eos_token_id: int, pad_token_id: int) -> PretrainedConfig:
+        fields = asdict(self)
+        interval = fields.pop("full_attention_interval")
+        rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta"),
+                "partial_rotary_factor": fields.pop("partial_rotary_factor")}
+        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                       for i in range(self.num_hidden_layers)]
+        return Qwen3_5TextConfig(
+            **fields, layer_types=layer_types, rope_parameters=rope, rms_norm_eps=1e-6, attention_dropout=0.0,
+            bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id, attn_implementation="sdpa",
+        )
+
+
+def build_target(spec: TargetSpec, eos_token_id: int = 0, pad_token_id: int = 1, seed: int = 0) -> PreTrainedModel:
+    """A freshly initialised causal LM of ``spec``'s architecture (float32; train under autocast,
+    ship in bf16)."""
+    config = spec.hf_config(eos_token_id, pad_token_id)
     with torch.random.fork_rng(devices=[]):  # seeded without disturbing the caller's RNG
         torch.manual_seed(seed)
-        return Qwen3ForCausalLM(config)
+        return AutoModelForCausalLM.from_config(config)
 
 
 def token_stream(docs: list[list[int]], device: torch.device | str = "cpu") -> Tensor:

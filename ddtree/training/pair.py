@@ -5,9 +5,10 @@
       metrics.json           what the training pipeline measured
       heldout_prompts.jsonl  code prefixes from held-out modules ({"id", "text"} per line)
       tokenizer/             tokenizer.json (byte-level BPE; <|endoftext|>, <|pad|>, <|mask|>)
-      target/                a transformers Qwen3ForCausalLM (config.json, model.safetensors)
+      target/                a transformers Qwen3ForCausalLM or Qwen3_5ForCausalLM (config.json, model.safetensors)
       dflash/                z-lab DFlash layout (DFlashDraftModel.from_pretrained)
-      mtp/                   mtp.* layout (MTPHead.from_pretrained)
+      mtp/                   mtp.* layout (MTPHead.from_pretrained); a hybrid pair keeps these
+                             tensors in target/model.safetensors instead, as Qwen3.5/3.6 ship them
 
 Every part loads with the decoding side's own loaders; nothing here converts weights.
 
@@ -57,23 +58,36 @@ def load_pair(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     if (path / DFLASH / "config.json").is_file():
         dflash = DFlashDraftModel.from_pretrained(path / DFLASH, dtype=dtype, device=device)
     mtp = None
-    if (path / MTP / "config.json").is_file():
+    if (where := mtp_location(path)) is not None:
         from ddtree.models.mtp import MTPHead
 
-        mtp = MTPHead.from_pretrained(path / MTP, dtype=dtype, device=device)
+        mtp = MTPHead.from_pretrained(where, dtype=dtype, device=device)
     return Pair(target, load_tokenizer(path / TOKENIZER), dflash, mtp, read_prompts(path / PROMPTS),
                 read_json(path / METRICS))
 
 
+def mtp_location(path: str | Path) -> Path | None:
+    """The directory whose safetensors hold the pair's ``mtp.*`` tensors: ``mtp/``, or ``target/``
+    when the target checkpoint carries its own MTP layer (``mtp_num_hidden_layers`` in its config)."""
+    path = Path(path)
+    if (path / MTP / "config.json").is_file():
+        return path / MTP
+    config = read_json(path / TARGET / "config.json")
+    return path / TARGET if config.get("mtp_num_hidden_layers") else None
+
+
 def save_pair(path: str | Path, target, tokenizer, dflash: DFlashDraftModel | None = None, mtp=None,
-              prompts: list[dict] = (), metrics: dict | None = None) -> Path:
-    """Write a pair directory in the layout above (weights in their current dtype)."""
+              prompts: list[dict] = (), metrics: dict | None = None, mtp_in_target: bool = False) -> Path:
+    """Write a pair directory in the layout above (weights in their current dtype); ``mtp_in_target``
+    writes the MTP head into the target's checkpoint, as a Qwen3.5/3.6 checkpoint carries it."""
     path = Path(path)
     target.save_pretrained(str(path / TARGET))
     tokenizer.save_pretrained(str(path / TOKENIZER))
     if dflash is not None:
         dflash.save_pretrained(path / DFLASH)
-    if mtp is not None:
+    if mtp is not None and mtp_in_target:
+        mtp.save_into(path / TARGET)
+    elif mtp is not None:
         mtp.save_pretrained(path / MTP)
     write_prompts(list(prompts), path / PROMPTS)
     if metrics is not None:
@@ -89,23 +103,25 @@ TINY_TEXTS = [
 ]
 
 
-def tiny_pair(path: str | Path, seed: int = 0) -> Path:
-    """A pair directory of tiny random-weight models and a tiny tokenizer (tests, examples).
+def tiny_pair(path: str | Path, seed: int = 0, hybrid: bool = False) -> Path:
+    """A pair directory of tiny random-weight models and a tiny tokenizer (tests, examples); ``hybrid``:
+    a Qwen3.5-layout Gated DeltaNet target carrying its MTP head in its own checkpoint.
 
     >>> load_pair(tiny_pair(tmp_path)).dflash.config.block_size        # doctest: +SKIP
     8
     """
     from ddtree.models.mtp import MTPHead
     from ddtree.training.dflash import new_dflash
-    from ddtree.training.lm import TargetSpec, build_target
+    from ddtree.training.lm import HybridTargetSpec, TargetSpec, build_target
     from ddtree.training.tokenizer import train_tokenizer
 
     tok = train_tokenizer(TINY_TEXTS * 4, vocab_size=300)
-    target = build_target(TargetSpec.tiny(len(tok)), tok.eos_token_id, tok.pad_token_id, seed=seed).eval()
+    spec = (HybridTargetSpec if hybrid else TargetSpec).tiny(len(tok))
+    target = build_target(spec, tok.eos_token_id, tok.pad_token_id, seed=seed).eval()
     dflash = new_dflash(target, tok.mask_token_id, block_size=8, num_layers=1, num_taps=2, seed=seed).eval()
     mtp = MTPHead.for_target(target, seed=seed)
     prompts = [{"id": f"tiny:{i}", "text": text} for i, text in enumerate(TINY_TEXTS)]
-    return save_pair(path, target, tok, dflash, mtp, prompts)
+    return save_pair(path, target, tok, dflash, mtp, prompts, mtp_in_target=hybrid)
 
 
 def read_prompts(path: Path) -> list[dict]:
@@ -191,8 +207,10 @@ def render_card(m: dict) -> str:
     corpus, tgt, reg = m.get("corpus", {}), m.get("target", {}), m.get("regenerate", {})
     dfl, mtp, env = m.get("dflash", {}), m.get("mtp", {}), m.get("environment", {})
     evaluated_on = _fmt((m.get("evaluate_environment") or env).get("device"))
+    title = ("# ddtree hybrid pair: a small Qwen3.5-layout code LM with its native MTP layer and a DFlash drafter"
+             if mtp.get("in_target") else "# ddtree shipped pair: a small code LM with its DFlash drafter and MTP head")
     lines = [
-        "# ddtree shipped pair: a small code LM with its DFlash drafter and MTP head",
+        title,
         "",
         "A tiny target trained from scratch so that speculative decoding can be run and measured on",
         "a CPU with real (not random) models. It continues Python code; it does not solve tasks.",
@@ -211,14 +229,15 @@ def render_card(m: dict) -> str:
         "## Models",
         "| part | parameters | steps | wall time (s) | final loss | format |",
         "|---|---|---|---|---|---|",
-        f"| target (Qwen3, {_fmt(tgt.get('layers'))} layers, hidden {_fmt(tgt.get('hidden_size'))}) | "
+        f"| target ({tgt.get('architecture', 'Qwen3')}, {_fmt(tgt.get('layers'))} layers, hidden {_fmt(tgt.get('hidden_size'))}) | "
         f"{_fmt(tgt.get('parameters'))} | {_fmt(tgt.get('steps'))} | {_fmt(tgt.get('seconds'), 1)} | "
         f"{_fmt(tgt.get('final_loss'), 3)} | transformers |",
         f"| DFlash drafter (block {_fmt(dfl.get('block_size'))}, {_fmt(dfl.get('layers'))} layers, "
         f"taps {_fmt(dfl.get('taps'))}) | {_fmt(dfl.get('parameters'))} | {' | '.join(_steps(dfl))} | "
         f"{_fmt(dfl.get('final_loss'), 3)} | z-lab DFlash |",
         f"| MTP head ({_fmt(mtp.get('depth'))} chained steps trained) | {_fmt(mtp.get('parameters'))} | "
-        f"{' | '.join(_steps(mtp))} | {_fmt(mtp.get('final_loss'), 3)} | mtp.* |",
+        f"{' | '.join(_steps(mtp))} | {_fmt(mtp.get('final_loss'), 3)} | "
+        f"{'mtp.* in target/model.safetensors' if mtp.get('in_target') else 'mtp.*'} |",
         "",
         f"Held-out perplexity of the target: **{_fmt(tgt.get('heldout_perplexity'))}** "
         f"(windows of {_fmt(tgt.get('seq_len'))} tokens; kept step {_fmt(tgt.get('best_step'))}).",

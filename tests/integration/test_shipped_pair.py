@@ -1,7 +1,8 @@
-"""The shipped pair loads, decodes greedily what its target decodes, and still accepts well.
+"""The shipped pairs load, decode greedily what their targets decode, and still accept well.
 
-A small guard on the committed weights (the main job's full table is ``experiments/main.py``):
-one held-out prompt, 48 tokens, fp32 on the CPU.
+A small guard on the committed weights (the main job's full tables are ``experiments/main.py``):
+one held-out prompt, 48 tokens, fp32 on the CPU, for the Qwen3 pair and the Qwen3.5-layout hybrid
+pair (whose MTP layer is read from the target's own checkpoint).
 """
 
 from pathlib import Path
@@ -13,26 +14,33 @@ from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter
 from ddtree.drafters.mtp import MTPDrafter
 from ddtree.masks import DenseMaskCompiler
-from ddtree.models import HFTarget
-from ddtree.training.pair import load_pair
+from ddtree.models import target_for
+from ddtree.testing import greedy_reference
+from ddtree.training.pair import load_pair, mtp_location
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
-PAIR = Path(__file__).resolve().parents[2] / "assets" / "pair"
-pytestmark = pytest.mark.skipif(not (PAIR / "target" / "config.json").is_file(), reason="no shipped pair")
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+PAIRS = [pytest.param(ASSETS / name, id=name, marks=pytest.mark.skipif(
+    not (ASSETS / name / "target" / "config.json").is_file(), reason=f"no assets/{name}")) for name in ("pair", "pair_hybrid")]
 
 
-def test_shipped_pair_is_lossless_and_accepts_more_than_one_token():
-    pair = load_pair(PAIR, dtype=torch.float32)
-    target = HFTarget(pair.target)
+@pytest.mark.parametrize("path", PAIRS)
+def test_shipped_pair_is_lossless_and_accepts_more_than_one_token(path):
+    pair = load_pair(path, dtype=torch.float32)
+    target = target_for(pair.target, fast=False)  # HybridTarget for the hybrid pair
     prompt = pair.tokenizer.encode(pair.prompts[0]["text"])
     parts = {"ar": (NullDrafter(), ChainTreeBuilder()), "mtp": (MTPDrafter(pair.mtp, target, 3), ChainTreeBuilder()),
              "dflash": (DFlashDrafter(pair.dflash, target), ChainTreeBuilder()),
              "ddtree-64": (DFlashDrafter(pair.dflash, target), BestFirstTreeBuilder(64))}
-    results = {name: SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier()).generate(
+    eos = pair.tokenizer.eos_token_id
+    results = {name: SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier(), (eos,)).generate(
         prompt, max_new_tokens=48) for name, (drafter, tree) in parts.items()}
+    reference = greedy_reference(pair.target, torch.tensor(prompt), 48, eos)
     for name, result in results.items():
-        assert result.tokens == results["ar"].tokens, name
-    # Far below what the pair measures (README), far above a broken drafter's 1.0.
+        assert result.tokens == reference, name
+    # Far below what the pairs measure (README), far above a broken drafter's 1.0.
     assert results["mtp"].mean_acceptance > 1.5 and results["dflash"].mean_acceptance > 1.5
     assert results["ddtree-64"].mean_acceptance > results["dflash"].mean_acceptance
+    if path.name == "pair_hybrid":
+        assert type(target).__name__ == "HybridTarget" and mtp_location(path) == path / "target"

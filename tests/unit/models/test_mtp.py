@@ -135,6 +135,20 @@ def test_round_trip_for_a_trained_head(tmp_path, tiny_models):
     _assert_same(head, loaded)
 
 
+def test_a_head_saved_into_its_target_checkpoint_loads_as_a_real_qwen35s(tmp_path, qwen35_head):
+    torch.manual_seed(0)
+    trunk = Qwen3_5ForCausalLM(qwen35_head.config)
+    trunk.save_pretrained(tmp_path)
+    qwen35_head.save_into(tmp_path)
+    _head(qwen35_head.config, seed=1).save_into(tmp_path)  # a second save replaces the first's tensors
+    keys = {k for k in load_file(str(tmp_path / "model.safetensors")) if k.startswith("mtp.")}
+    assert keys == QWEN35_KEYS and json.loads((tmp_path / "config.json").read_text())["mtp_num_hidden_layers"] == 1
+    _assert_same(_head(qwen35_head.config, seed=1), MTPHead.from_pretrained(tmp_path))
+    reloaded = Qwen3_5ForCausalLM.from_pretrained(tmp_path)  # the trunk's own tensors are untouched
+    for key, value in trunk.state_dict().items():
+        assert torch.equal(value, reloaded.state_dict()[key]), key
+
+
 def test_deepseek_names_map_onto_the_module(tmp_path, tiny_models):
     """``model.layers.{N}.{eh_proj, enorm, hnorm, shared_head.norm, self_attn, mlp, ...}``."""
     head = _head(tiny_models["qwen3"].config)

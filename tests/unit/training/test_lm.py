@@ -1,10 +1,12 @@
-"""The small target LM: built from a Qwen3 config, trained on windows, best held-out step kept."""
+"""The small target LM: built from a Qwen3 (or Qwen3.5 hybrid) config, trained on windows, best held-out step kept."""
 
 import math
 
 import torch
 
-from ddtree.training.lm import LMTrainConfig, TargetSpec, build_target, mean_nll, sample_windows, train_target
+from ddtree.training.lm import (
+    HybridTargetSpec, LMTrainConfig, TargetSpec, build_target, mean_nll, sample_windows, train_target,
+)
 from ddtree.training.loop import Budget, OptimConfig
 
 
@@ -12,6 +14,16 @@ def test_default_spec_is_a_10_to_20m_qwen3():
     model = build_target(TargetSpec())
     n = sum(p.numel() for p in model.parameters())
     assert 10e6 < n < 20e6 and model.config.model_type == "qwen3" and model.config.tie_word_embeddings
+
+
+def test_hybrid_spec_is_a_qwen35_with_qwen36s_three_to_one_pattern():
+    model = build_target(HybridTargetSpec(hidden_size=256, intermediate_size=640, num_hidden_layers=8,
+                                          num_attention_heads=4, head_dim=64), eos_token_id=2, pad_token_id=0)
+    cfg = model.config
+    assert type(model).__name__ == "Qwen3_5ForCausalLM" and cfg.model_type == "qwen3_5_text"
+    assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.25 and cfg.eos_token_id == 2 and cfg.tie_word_embeddings
+    assert 7e6 < sum(p.numel() for p in model.parameters()) < 9e6  # 16 MB in bf16: room for its drafters in 25 MB
 
 
 def test_windows_are_contiguous_slices():

@@ -8,16 +8,16 @@ import torch
 
 from ddtree.drafters import DFlashDrafter
 from ddtree.drafters.mtp import MTPDrafter
-from ddtree.models import DFlashDraftModel, HFTarget
+from ddtree.models import DFlashDraftModel, target_for
 from ddtree.models.mtp import MTPHead
-from ddtree.training.pair import load_pair, render_card, save_pair, tiny_pair
+from ddtree.training.pair import load_pair, mtp_location, render_card, save_pair, tiny_pair
 
 SHIPPED = Path(__file__).resolve().parents[3] / "assets" / "pair"
 
 
 def _drafts(model, dflash, mtp, prompt):
     """Target logits, one DFlash draft and one MTP draft after ``prompt``."""
-    target = HFTarget(model)
+    target = target_for(model, fast=False)  # HybridTarget for a Qwen3.5 hybrid
     out = {}
     for name, drafter in (("dflash", DFlashDrafter(dflash, target)), ("mtp", MTPDrafter(mtp, target, 3))):
         target.set_taps(drafter.hidden_layers)
@@ -28,10 +28,12 @@ def _drafts(model, dflash, mtp, prompt):
     return out
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["qwen3", "qwen35-hybrid"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_saved_pair_reloads_with_identical_outputs(tmp_path, dtype):
-    pair = load_pair(tiny_pair(tmp_path / "a"), dtype=dtype)
-    save_pair(tmp_path / "b", pair.target, pair.tokenizer, pair.dflash, pair.mtp, pair.prompts, metrics={})
+def test_saved_pair_reloads_with_identical_outputs(tmp_path, dtype, hybrid):
+    pair = load_pair(tiny_pair(tmp_path / "a", hybrid=hybrid), dtype=dtype)
+    save_pair(tmp_path / "b", pair.target, pair.tokenizer, pair.dflash, pair.mtp, pair.prompts, metrics={},
+              mtp_in_target=hybrid)
     again = load_pair(tmp_path / "b")
     assert again.target.dtype == dtype and next(again.dflash.parameters()).dtype == dtype
     assert next(again.mtp.parameters()).dtype == dtype
@@ -42,7 +44,9 @@ def test_saved_pair_reloads_with_identical_outputs(tmp_path, dtype):
         assert torch.equal(before[key], after[key]), key
     # The parts load with the decoding side's own loaders, unchanged.
     assert isinstance(DFlashDraftModel.from_pretrained(tmp_path / "b" / "dflash"), DFlashDraftModel)
-    assert isinstance(MTPHead.from_pretrained(tmp_path / "b" / "mtp"), MTPHead)
+    assert mtp_location(tmp_path / "b") == tmp_path / "b" / ("target" if hybrid else "mtp")
+    assert isinstance(MTPHead.from_pretrained(mtp_location(tmp_path / "b")), MTPHead)
+    assert (tmp_path / "b" / "mtp").exists() != hybrid
     assert again.prompts == pair.prompts and again.tokenizer.mask_token_id == pair.dflash.config.mask_token_id
 
 
