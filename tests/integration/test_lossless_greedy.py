@@ -105,3 +105,20 @@ def test_engines_sharing_a_target_keep_their_own_taps(tiny_models):
     assert ar.generate(prompt, max_new_tokens=16).tokens == expected
     assert dflash.generate(prompt, max_new_tokens=16).tokens == expected
 
+
+@pytest.mark.parametrize("max_new", [1, 2, 9, 30])
+@pytest.mark.parametrize("family", ["qwen3", "qwen35"])
+def test_reference_accounting_returns_the_same_tokens(tiny_models, family, max_new):
+    """Full drafts to the end and rounds until past max_new_tokens: the response is still the
+    first max_new_tokens greedy tokens."""
+    from ddtree.metrics import ReferenceAccounting
+
+    model = tiny_models[family]
+    prompt = _prompt(7, seed=max_new)
+    target = target_for(model)
+    for drafter, tree in [(DFlashDrafter(tiny_dflash(model), target), BestFirstTreeBuilder(16)),
+                          (OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(64))]:
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        result = engine.generate(prompt, max_new_tokens=max_new, accounting=ReferenceAccounting())
+        assert result.tokens == _greedy_reference(model, prompt, max_new)
+        assert 1 + sum(result.acceptance_lengths) > max_new  # its rounds run until they pass max_new_tokens
