@@ -27,7 +27,7 @@ import torch
 import ddtree
 from ddtree.data import encode_turn, load_prompts
 from ddtree.presets import REPO
-from ddtree.training.calibration import chain_mask, depth_nll, fit_depth_temperatures, round_examples
+from ddtree.training.calibration import NO_LABEL, chain_mask, depth_nll, fit_depth_temperatures, round_examples
 
 CONFIG = """\
 # DDTree over recalibrated draft scores: the best-first tree of `budget` nodes after tempering
@@ -65,8 +65,8 @@ def main() -> None:
         ids = encode_turn(engine.tokenizer, prompt.turns[0])[-args.max_prompt_tokens :]
         results.append(engine.generate(ids, max_new_tokens=args.max_new_tokens, record=True))
     log_probs, labels = round_examples(results)
-    temperatures = fit_depth_temperatures(log_probs, labels, on_chain=not args.marginal)
-    mask = (labels >= 0) if args.marginal else chain_mask(log_probs, labels)
+    mask = labels != NO_LABEL if args.marginal else chain_mask(log_probs, labels)
+    temperatures = fit_depth_temperatures(log_probs, labels, mask)
     before, after = depth_nll(log_probs, labels, [1.0], mask), depth_nll(log_probs, labels, temperatures, mask)
     print(f"{len(prompts)} prompts, {labels.shape[0]} rounds, {time.perf_counter() - start:.0f} s")
     print(f"{'depth':>5} {'examples':>8} {'T':>7} {'NLL T=1':>8} {'NLL fit':>8}")

@@ -3,18 +3,18 @@
 At T = 0 the tokens a run returns are the target's own greedy tokens, so every recorded round
 is labelled for free: the round whose root is token j drafted q_1..q_L for tokens j + 1..j + L.
 T_d minimises the negative log-likelihood of the target's token under softmax(log q_d / T_d)
-(one convex 1-D problem per depth in log T, solved together by L-BFGS).
+(one 1-D problem per depth, convex in 1 / T, solved together by L-BFGS over log T).
 
-Which rounds count at depth d: with ``on_chain=True`` (the default), only those whose target
-tokens at depths 1..d-1 were the draft's top-1 tokens. A best-first score is a sum of
-log-probabilities along a path, and it is meant as the log-probability that the target's walk
-reaches the node; so depth d's probabilities matter given the walk got there, which is along the
-top-1 path for almost all of the mass. ``on_chain=False`` fits the plain marginals instead.
+Which rounds count at depth d: by default (``chain_mask``) only those whose target tokens at
+depths 1..d-1 were the draft's top-1 tokens. A best-first score is a sum of log-probabilities
+along a path, meant as the log-probability that the target's walk reaches the node; so depth
+d's probabilities matter given the walk got there, which is along the top-1 path for almost all
+of the mass. A mask of every labelled depth (``labels != NO_LABEL``) fits the plain marginals.
 
     >>> result = engine.generate(prompt_ids, max_new_tokens=96, record=True)   # doctest: +SKIP
     >>> log_probs, labels = round_examples([result])                           # doctest: +SKIP
     >>> fit_depth_temperatures(log_probs, labels)                              # doctest: +SKIP
-    [0.83, 0.91, 1.02, ...]
+    [0.858, 0.7771, 0.8177, ...]
 """
 
 from __future__ import annotations
@@ -78,14 +78,15 @@ def _per_depth_nll(log_probs: Tensor, labels: Tensor, mask: Tensor, log_t: Tenso
     return torch.where(counts > 0, (nll * mask).sum(0) / counts.clamp(min=1), torch.nan)
 
 
-def fit_depth_temperatures(log_probs: Tensor, labels: Tensor, on_chain: bool = True,
+def fit_depth_temperatures(log_probs: Tensor, labels: Tensor, mask: Tensor | None = None,
                            min_examples: int = 8, steps: int = 50) -> list[float]:
-    """Per-depth temperatures minimising the labels' NLL. A depth with fewer than ``min_examples``
-    examples (deep ones, on the top-1 path) takes the temperature of the depth above it (1.0 at depth 1).
+    """Per-depth temperatures minimising the labels' NLL over the examples ``mask`` keeps
+    (default: ``chain_mask``). A depth with fewer than ``min_examples`` examples (deep ones, on
+    the top-1 path) takes the temperature of the depth above it (1.0 at depth 1).
 
-    ``log_probs`` ``[R, L, vocab]``, ``labels`` ``[R, L]`` as ``round_examples`` returns them.
+    ``log_probs`` ``[R, L, vocab]``, ``labels`` ``[R, L]`` as ``round_examples`` returns them; ``mask`` ``[R, L]``.
     """
-    mask = chain_mask(log_probs, labels) if on_chain else labels != NO_LABEL
+    mask = chain_mask(log_probs, labels) if mask is None else mask
     enough = mask.sum(0) >= min_examples  # [L]
     log_t = torch.zeros(log_probs.shape[1], requires_grad=True)
     optimiser = torch.optim.LBFGS([log_t], max_iter=steps, line_search_fn="strong_wolfe")
