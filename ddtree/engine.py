@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ddtree.interfaces import Drafter, MaskCompiler, Target, TreeBuilder, Verifier
+from ddtree.metrics.accounting import Accounting, ExactAccounting
 from ddtree.metrics.timer import StageTimer
 from ddtree.types import Draft, GenerationResult, Tree, Verification
 
@@ -113,6 +114,14 @@ class SpeculativeEngine:
             raise ValueError(f"input_ids hold ids outside the target's vocabulary [0, {self.target.vocab_size})")
         return ids
 
+    def _kept(self, tokens: list[int], max_new_tokens: int) -> list[int]:
+        """The response: up to the first stop token, at most ``max_new_tokens`` (a last round may
+        have gone past either under ``ReferenceAccounting``)."""
+        for i, token in enumerate(tokens[:max_new_tokens]):
+            if token in self.stop_token_ids:
+                return tokens[: i + 1]
+        return tokens[:max_new_tokens]
+
     @torch.inference_mode()
     def generate(
         self,
@@ -120,9 +129,14 @@ class SpeculativeEngine:
         max_new_tokens: int = 256,
         seed: int = 0,
         record: bool = False,
+        accounting: Accounting = ExactAccounting(),
     ) -> GenerationResult:
         """Decode one prompt: token ids ``[T]`` or ``[1, T]``, a tokenizer's output, or text (with
-        the engine's tokenizer). Tokens stop after the first stop token or ``max_new_tokens``."""
+        the engine's tokenizer). Tokens stop after the first stop token or ``max_new_tokens``.
+
+        ``accounting`` decides how the run ends and what a round's acceptance length counts
+        (``ddtree.metrics.accounting``: exact, or as the published DDTree code); the tokens are
+        the same under both."""
         ids = self._check(input_ids, max_new_tokens)
         target, drafter, timer = self.target, self.drafter, StageTimer(self.timer_sync)
         target.set_taps(drafter.hidden_layers)  # engines may share a target: taps are per drafter
@@ -138,10 +152,11 @@ class SpeculativeEngine:
 
         tokens, lengths, rounds, round_ends = [bonus], [], [], []
         stopped = bonus in self.stop_token_ids
-        while not stopped and len(tokens) < max_new_tokens:
-            # 1. draft (never deeper than the tokens still wanted)
+        while accounting.wants_round(len(tokens), max_new_tokens, stopped, len(lengths)):
+            # 1. draft (as deep as the accounting wants, never past the target's context)
             with timer.stage("draft"):
-                draft = drafter.draft(bonus).truncate(max_new_tokens - len(tokens) - 1)
+                draft = accounting.limit(drafter.draft(bonus), len(tokens), max_new_tokens)
+                draft = draft.truncate(target.max_length - target.past_length - 1)
             # 2. tree
             with timer.stage("tree"):
                 tree = self.tree_builder.build(draft, bonus)
@@ -163,20 +178,21 @@ class SpeculativeEngine:
                     new, stopped = new[: i + 1], True
                     break
             tokens += new
-            lengths.append(len(new))
+            lengths.append(accounting.round_length(len(new), verification))
             bonus = verification.bonus
             round_ends.append(timer.now() - decode_start)
             if record:
                 rounds.append(RoundRecord(draft, tree, verification))
 
         decode_time = timer.now() - decode_start
+        tokens = self._kept(tokens, max_new_tokens)
         return GenerationResult(
             tokens=tokens,
             acceptance_lengths=lengths,
             stage_times=timer.result(),
             time_to_first_token=time_to_first_token,
             decode_time=decode_time,
-            stopped_by="stop_token" if stopped else "max_new_tokens",
+            stopped_by="stop_token" if tokens[-1] in self.stop_token_ids else "max_new_tokens",
             round_ends=round_ends,
             rounds=rounds,
         )

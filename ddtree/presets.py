@@ -202,7 +202,8 @@ def _identity(cfg, settings) -> dict:
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     return {**{k: resolved.get(k) for k in IDENTITY_KEYS},
-            "max_new_tokens": settings.max_new_tokens, "max_prompt_tokens": settings.max_prompt_tokens}
+            "max_new_tokens": settings.max_new_tokens, "max_prompt_tokens": settings.max_prompt_tokens,
+            "accounting": settings.accounting.name}
 
 
 def _accepted(path: str, kwargs: dict) -> dict:

@@ -29,6 +29,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ddtree import presets
@@ -61,7 +62,8 @@ def run(cfg: DictConfig, out: Path, overrides: list[str]) -> int:
     torch.set_num_threads(cfg.threads)
     start = time.perf_counter()
     settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
-                           progress=cfg.progress, max_prompt_tokens=cfg.max_prompt_tokens)
+                           progress=cfg.progress, max_prompt_tokens=cfg.max_prompt_tokens,
+                           accounting=instantiate(cfg.accounting))
     pairs, tables = targets(cfg, overrides), {}
     for i, (name, selection) in enumerate(pairs.items()):
         pair_overrides = [*selection, *overrides]

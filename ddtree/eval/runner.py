@@ -24,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ddtree.data import Prompt, encode_turn
 from ddtree.engine import SpeculativeEngine
 from ddtree.eval.records import RecordWriter, Shard, response_key
+from ddtree.metrics.accounting import Accounting, ExactAccounting
 from ddtree.types import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class RunSettings:
     stop_after: int | None = None  # stop after this many new records (an interruption, for tests)
     progress: bool = True
     max_prompt_tokens: int | None = None  # keep only a prompt's last tokens (base models continuing text)
+    accounting: Accounting = ExactAccounting()  # end of run and acceptance lengths (ddtree.metrics.accounting)
 
 
 @dataclass
@@ -123,7 +125,8 @@ def run_prompt(engine, tokenizer, prompt: Prompt, writer, done, settings: RunSet
             ids = ids[-settings.max_prompt_tokens :]
         seed = response_seed(settings.seed, key)
         try:
-            result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, seed=seed)
+            result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, seed=seed,
+                                     accounting=settings.accounting)
         except ValueError as err:
             if len(ids) + settings.max_new_tokens <= engine.target.max_length:
                 raise ValueError(f"prompt {prompt.id!r} (turn {turn}) of {prompt.dataset}: {err}") from err

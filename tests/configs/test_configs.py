@@ -12,7 +12,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GROUPS = ("target", "drafter", "tree", "mask", "verifier", "data", "experiment")
+GROUPS = ("target", "drafter", "tree", "mask", "verifier", "data", "accounting", "experiment")
 STRATEGIES = ("ar", "mtp", "dflash", "ddtree")
 PAIRS = ("paper_qwen3_4b", "paper_qwen3_8b", "paper_qwen3_coder_30b")
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -71,7 +71,7 @@ def test_every_config_composes_and_binds(override: str) -> None:
     cfg = composed(override)
     tree = OmegaConf.to_container(cfg, resolve=False)  # values may be ??? (a checkpoint to supply)
     bound = bind_all(tree)
-    for group in ("target.model", "target.tokenizer", "drafter", "tree", "mask", "verifier", "data"):
+    for group in ("target.model", "target.tokenizer", "drafter", "tree", "mask", "verifier", "data", "accounting"):
         assert any(b.startswith(f"{group} ->") for b in bound), (group, bound)
 
 

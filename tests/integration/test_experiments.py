@@ -187,3 +187,19 @@ def test_speed_takes_its_strategies_from_the_presets():
     want = greedy_reference(model, prompt, 16)
     for label, path, engine in built:
         assert engine.generate(prompt, max_new_tokens=16).tokens == want, (label, path)
+
+
+def test_calibrate_tree_fits_and_writes_a_config_the_builder_reads(tmp_path):
+    """experiments/calibrate_tree.py on the shipped pair (one short prompt): a config that composes."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    script = Path(__file__).resolve().parents[2] / "experiments" / "calibrate_tree.py"
+    out = tmp_path / "calibrated.yaml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(script), "--limit", "1", "--max-new-tokens", "24", "--threads", "1",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "NLL fit" in done.stdout and "1 prompts" in done.stdout
+    builder = instantiate(OmegaConf.load(out), budget=16)
+    assert type(builder).__name__ == "CalibratedTreeBuilder" and builder.temperatures.numel() == 15

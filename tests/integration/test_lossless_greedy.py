@@ -13,7 +13,7 @@ from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, target_for
 from ddtree.testing import greedy_reference, tiny_dflash
-from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.trees import BestFirstTreeBuilder, CalibratedTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
 NEW_TOKENS = 64
@@ -42,6 +42,10 @@ def _strategies(model, target):
     yield "ddtree256-random-beam", DFlashDrafter(dflash, target), BestFirstTreeBuilder(256, method="beam")
     yield "ddtree64-oracle-beam", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), \
         BestFirstTreeBuilder(64, method="beam")
+    # Per-depth tempered scores change which candidates are verified, never what is accepted.
+    yield "calibrated16-random", DFlashDrafter(dflash, target), CalibratedTreeBuilder(16, [0.5, 0.8, 2.0])
+    yield "calibrated64-oracle", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), \
+        CalibratedTreeBuilder(64, [0.7, 1.5, 3.0])
 
 
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)
@@ -100,3 +104,21 @@ def test_engines_sharing_a_target_keep_their_own_taps(tiny_models):
     expected = _greedy_reference(model, prompt, 16)
     assert ar.generate(prompt, max_new_tokens=16).tokens == expected
     assert dflash.generate(prompt, max_new_tokens=16).tokens == expected
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 9, 30])
+@pytest.mark.parametrize("family", ["qwen3", "qwen35"])
+def test_reference_accounting_returns_the_same_tokens(tiny_models, family, max_new):
+    """Full drafts to the end and rounds until past max_new_tokens: the response is still the
+    first max_new_tokens greedy tokens."""
+    from ddtree.metrics import ReferenceAccounting
+
+    model = tiny_models[family]
+    prompt = _prompt(7, seed=max_new)
+    target = target_for(model)
+    for drafter, tree in [(DFlashDrafter(tiny_dflash(model), target), BestFirstTreeBuilder(16)),
+                          (OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), BestFirstTreeBuilder(64))]:
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        result = engine.generate(prompt, max_new_tokens=max_new, accounting=ReferenceAccounting())
+        assert result.tokens == _greedy_reference(model, prompt, max_new)
+        assert 1 + sum(result.acceptance_lengths) > max_new  # its rounds run until they pass max_new_tokens

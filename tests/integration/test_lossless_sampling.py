@@ -15,7 +15,7 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget
 from ddtree.testing import (CHECK_ALPHA, CHECK_NEW, CHECK_PROMPT, CHECK_VOCAB, chi_square_p_value,
                             continuation_distribution, sample_continuations, tiny_dflash, tiny_target)
-from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.trees import BestFirstTreeBuilder, CalibratedTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import SamplingVerifier
 
 VOCAB, NEW, ALPHA, PROMPT, SAMPLES = CHECK_VOCAB, CHECK_NEW, CHECK_ALPHA, CHECK_PROMPT, 1200
@@ -37,13 +37,14 @@ def _strategies(model, target):
         "dflash-oracle": (OracleDrafter(model, depth=3, sharpness=2.0), ChainTreeBuilder()),
         "ddtree-oracle": (OracleDrafter(model, depth=3, sharpness=2.0), BestFirstTreeBuilder(6)),
         "ddtree-oracle-beam": (OracleDrafter(model, depth=3, sharpness=2.0), BestFirstTreeBuilder(6, method="beam")),
+        "calibrated-oracle": (OracleDrafter(model, depth=3, sharpness=2.0), CalibratedTreeBuilder(6, [0.5, 2.0])),
     }
 
 
 @pytest.mark.parametrize(
     "name, temperature",
     [("ar", 1.0), ("dflash-random", 1.0), ("dflash-oracle", 1.0), ("ddtree-oracle", 1.0), ("ddtree-oracle", 0.6),
-     ("ddtree-oracle-beam", 1.0)],
+     ("ddtree-oracle-beam", 1.0), ("calibrated-oracle", 1.0)],
 )
 def test_first_tokens_follow_the_target_distribution(small_vocab_model, name, temperature):
     model = small_vocab_model

@@ -101,3 +101,17 @@ def test_ar_runs_through_the_same_loop(tiny_models, tmp_path) -> None:
                           eos_stop_tokens(tiny_tokenizer()))
     run(engine, tmp_path, prompts(2))
     assert all(set(r["acceptance_lengths"]) <= {1} for r in read_records(tmp_path).values())
+
+
+def test_the_settings_accounting_reaches_generate(engine, tmp_path) -> None:
+    from ddtree.data import encode_turn
+    from ddtree.metrics import ReferenceAccounting
+
+    settings = RunSettings(**{**vars(SETTINGS), "accounting": ReferenceAccounting()})
+    run(engine, tmp_path, prompts(1), settings)
+    record = read_records(tmp_path)["0:0"]
+    direct = engine.generate(encode_turn(tiny_tokenizer(), "Prompt number 0."), max_new_tokens=12,
+                             seed=record["seed"], accounting=ReferenceAccounting())
+    assert (record["tokens"], record["acceptance_lengths"]) == (direct.tokens, direct.acceptance_lengths)
+    exact = engine.generate(encode_turn(tiny_tokenizer(), "Prompt number 0."), max_new_tokens=12, seed=record["seed"])
+    assert exact.tokens == direct.tokens and exact.acceptance_lengths != direct.acceptance_lengths  # one round more
