@@ -50,7 +50,8 @@ def run(cfg: DictConfig, out: Path, overrides: list[str]) -> int:
     start = time.perf_counter()
     sets = {cfg.data.name: cfg.data} if cfg.get("data") is not None else dict(cfg.prompt_sets)
     settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
-                           progress=cfg.progress, max_prompt_tokens=cfg.max_prompt_tokens)
+                           progress=cfg.progress, max_prompt_tokens=cfg.max_prompt_tokens,
+                           record_rounds=cfg.record_rounds)
     results = run_comparison(selected_specs(cfg), cfg.temperatures, overrides, sets, out, settings,
                              max_seconds=cfg.max_seconds, config_name="main")
     (out / "tables.json").write_text(json.dumps({k: [asdict(r) for r in v] for k, v in results.items()}, indent=2) + "\n")

@@ -1,6 +1,22 @@
-"""Timing and acceptance statistics."""
+"""Timing and acceptance statistics, and the analysis of recorded rounds (``ddtree.metrics.rounds``)."""
 
 from ddtree.metrics.acceptance import mean_of_means, pooled_histogram
+from ddtree.metrics.rounds import (
+    Calibration,
+    DepthRank,
+    Estimate,
+    RoundTrace,
+    branch_gain,
+    calibration,
+    depth_rank,
+    estimate_budget,
+    estimate_chain,
+    recorded,
+    round_traces,
+    traces_of,
+)
 from ddtree.metrics.timer import StageTimer
 
-__all__ = ["StageTimer", "mean_of_means", "pooled_histogram"]
+__all__ = ["Calibration", "DepthRank", "Estimate", "RoundTrace", "StageTimer", "branch_gain", "calibration",
+           "depth_rank", "estimate_budget", "estimate_chain", "mean_of_means", "pooled_histogram", "recorded",
+           "round_traces", "traces_of"]

@@ -101,3 +101,15 @@ def test_ar_runs_through_the_same_loop(tiny_models, tmp_path) -> None:
                           eos_stop_tokens(tiny_tokenizer()))
     run(engine, tmp_path, prompts(2))
     assert all(set(r["acceptance_lengths"]) <= {1} for r in read_records(tmp_path).values())
+
+
+def test_rounds_are_recorded_only_when_asked(engine, tmp_path) -> None:
+    from ddtree.metrics.rounds import traces_of
+
+    run(engine, tmp_path / "plain", prompts(1))
+    assert "rounds" not in read_records(tmp_path / "plain")["0:0"]
+    run(engine, tmp_path / "rounds", prompts(1), RunSettings(**{**vars(SETTINGS), "record_rounds": True}))
+    record = read_records(tmp_path / "rounds")["0:0"]
+    traces = traces_of(record)
+    assert [t.length for t in traces] == record["acceptance_lengths"]
+    assert all(t.path[0] == 0 and t.size <= 7 and len(t.top) >= max(t.depths) for t in traces)
