@@ -123,9 +123,12 @@ def write_rounds(runs: list, out: Path, plots: bool) -> list[Path]:
         written.append(out / f"rounds_{slug}.md")
         written[-1].write_text(text)
         if plots:
+            import matplotlib.pyplot as plt
+
             for name, fig in round_figures(responses, rows, source.budget, title).items():
                 written.append(out / f"rounds_{name}_{slug}.png")
                 fig.savefig(written[-1], dpi=110)
+                plt.close(fig)
     return written
 
 

@@ -70,7 +70,8 @@ class RoundTrace:
             # A tree token whose log-prob another token shares: the ranks the tree uses are contiguous
             # per depth, so only such a tie can make a smaller budget take a different token.
             tie = bool(((rows == node_lp[1:, None]).sum(-1) > 1).any())
-        top = logp.max(dim=-1).indices if logp.shape[0] else torch.zeros(0, dtype=torch.long)
+        # The chain builder's own argmax, on the draft's device (where it breaks ties).
+        top = record.draft.log_probs.float().max(dim=-1).indices.cpu() if logp.shape[0] else torch.zeros(0, dtype=torch.long)
         v = record.verification
         return cls(tuple(tree.parents.tolist()), tuple(depths.tolist()), tuple(ranks.tolist()),
                    tuple(tree.tokens.tolist()), tuple(round(x, 5) for x in node_lp.tolist()), tuple(top.tolist()),
