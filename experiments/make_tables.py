@@ -116,7 +116,8 @@ def write_rounds(runs: list, out: Path, plots: bool) -> list[Path]:
         slug = f"{dataset}_{model}_B{source.budget}".replace("/", "-").replace(" ", "")
         title = f"{dataset}, {model}, T=0: {len(responses)} responses recorded at B={source.budget}"
         rows = budget_rows(source, runs, [b for b in BUDGETS if b < source.budget])
-        text = "\n".join([budget_markdown(rows, title), depth_rank_markdown(depth_rank(responses), "per depth and rank"),
+        text = "\n".join([budget_markdown(rows, title),
+                          depth_rank_markdown(depth_rank(responses), "per depth and rank"),
                           "Drafter calibration (expected calibration error over tested nodes): " + ", ".join(
                               f"{name} {calibration(responses, ranks=r).error:.3f}"
                               for name, r in rank_groups(source.budget).items()) + ".\n"])

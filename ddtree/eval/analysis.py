@@ -80,12 +80,13 @@ def _row(name, budget, recorded_traces, run: Run | None, estimate) -> BudgetRow:
 def budget_markdown(rows: Sequence[BudgetRow], title: str = "") -> str:
     """Estimated against measured tau, with the difference."""
     lines = [f"**{title}**", ""] if title else []
-    lines += ["| tree | τ read off the wide run | τ of the run at that tree | difference | responses | rounds | lower bounds | tied rounds |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| tree | τ read off the wide run | τ of the run at that tree | difference | responses | rounds "
+              "| lower bounds | tied rounds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         m = "–" if r.measured is None else f"{r.measured:.2f}"
         e = "–" if r.error is None else f"{r.error:+.2f}"
-        lines.append(f"| {r.name} | {r.estimated:.2f} | {m} | {e} | {r.responses} | {r.rounds} | {r.censored} | {r.ties} |")
+        lines.append(f"| {r.name} | {r.estimated:.2f} | {m} | {e} | {r.responses} | {r.rounds} | {r.censored} "
+                     f"| {r.ties} |")
     return "\n".join(lines) + "\n"
 
 

@@ -71,7 +71,7 @@ class RoundTrace:
             # per depth, so only such a tie can make a smaller budget take a different token.
             tie = bool(((rows == node_lp[1:, None]).sum(-1) > 1).any())
         # The chain builder's own argmax, on the draft's device (where it breaks ties).
-        top = record.draft.log_probs.float().max(dim=-1).indices.cpu() if logp.shape[0] else torch.zeros(0, dtype=torch.long)
+        top = record.draft.log_probs.float().max(dim=-1).indices.cpu()  # [L]
         v = record.verification
         return cls(tuple(tree.parents.tolist()), tuple(depths.tolist()), tuple(ranks.tolist()),
                    tuple(tree.tokens.tolist()), tuple(round(x, 5) for x in node_lp.tolist()), tuple(top.tolist()),
@@ -244,7 +244,9 @@ class Calibration:
         """Expected calibration error: the count-weighted mean |stated - hit rate|."""
         full = self.count > 0
         total = self.count[full].sum()
-        return float((self.count[full] * np.abs(self.stated[full] - self.hit_rate[full])).sum() / total) if total else float("nan")
+        if not total:
+            return float("nan")
+        return float((self.count[full] * np.abs(self.stated[full] - self.hit_rate[full])).sum() / total)
 
 
 def calibration(responses: Responses, bins: int = 10, depths: Sequence[int] | None = None,
