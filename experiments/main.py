@@ -63,7 +63,7 @@ def run(cfg: DictConfig, out: Path, overrides: list[str]) -> int:
     start = time.perf_counter()
     settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
                            progress=cfg.progress, max_prompt_tokens=cfg.max_prompt_tokens,
-                           accounting=instantiate(cfg.accounting))
+                           accounting=instantiate(cfg.accounting), record_rounds=cfg.record_rounds)
     pairs, tables = targets(cfg, overrides), {}
     for i, (name, selection) in enumerate(pairs.items()):
         pair_overrides = [*selection, *overrides]

@@ -49,7 +49,7 @@ presets.register_resolvers()  # ${run_dirname:...} in configs/config.yaml, ${rep
 run_dirname = presets.run_dirname
 
 # Knobs that change no response: a rerun that differs only in these resumes the same run.
-NOT_IDENTITY = ("stop_after", "progress")
+NOT_IDENTITY = ("stop_after", "progress", "record_rounds")
 
 # The last target loaded, reused by the next job of a sweep while its config does not change.
 _loaded: dict = {}
@@ -116,7 +116,8 @@ def run(cfg: DictConfig, run_dir: Path):
                                       "model": cfg.target.name,
                                       "dataset": cfg.data.name, "world_size": shard.world_size})
     settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
-                           stop_after=cfg.stop_after, progress=cfg.progress, accounting=instantiate(cfg.accounting))
+                           stop_after=cfg.stop_after, progress=cfg.progress, accounting=instantiate(cfg.accounting),
+                           record_rounds=cfg.record_rounds)
     log.info("%s: %d responses recorded, %d of this rank's to decode", run_dir, len(done), len(pending))
     with RecordWriter(run_dir / shard.records_name) as writer:
         summary = run_prompts(engine, tokenizer, prompts, writer, done, settings, shard)

@@ -25,6 +25,7 @@ from ddtree.data import Prompt, encode_turn
 from ddtree.engine import SpeculativeEngine
 from ddtree.eval.records import RecordWriter, Shard, response_key
 from ddtree.metrics.accounting import Accounting, ExactAccounting
+from ddtree.metrics.rounds import round_traces
 from ddtree.types import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class RunSettings:
     progress: bool = True
     max_prompt_tokens: int | None = None  # keep only a prompt's last tokens (base models continuing text)
     accounting: Accounting = ExactAccounting()  # end of run and acceptance lengths (ddtree.metrics.accounting)
+    record_rounds: bool = False  # store every round's tree and accepted path in the record (ddtree.metrics.rounds)
 
 
 @dataclass
@@ -60,7 +62,9 @@ def response_seed(seed: int, key: str) -> int:
 
 def make_record(prompt: Prompt, turn: int, prompt_tokens: int, result: GenerationResult, text: str,
                 seed: int, rank: int) -> dict:
-    """One response as a JSON-ready dict (tokens, acceptance lengths, stage times, TPOT)."""
+    """One response as a JSON-ready dict (tokens, acceptance lengths, stage times, TPOT; the rounds
+    as compact lists when the engine recorded them)."""
+    rounds = {"rounds": [t.to_json() for t in round_traces(result)]} if result.rounds else {}
     return {
         "key": response_key(prompt.index, turn),
         "prompt_id": prompt.id,
@@ -79,6 +83,7 @@ def make_record(prompt: Prompt, turn: int, prompt_tokens: int, result: Generatio
         "stopped_by": result.stopped_by,
         "seed": seed,
         "rank": rank,
+        **rounds,
     }
 
 
@@ -126,7 +131,7 @@ def run_prompt(engine, tokenizer, prompt: Prompt, writer, done, settings: RunSet
         seed = response_seed(settings.seed, key)
         try:
             result = engine.generate(ids, max_new_tokens=settings.max_new_tokens, seed=seed,
-                                     accounting=settings.accounting)
+                                     accounting=settings.accounting, record=settings.record_rounds)
         except ValueError as err:
             if len(ids) + settings.max_new_tokens <= engine.target.max_length:
                 raise ValueError(f"prompt {prompt.id!r} (turn {turn}) of {prompt.dataset}: {err}") from err

@@ -16,7 +16,7 @@ CELL_TIMEOUT = 180  # seconds per cell; a whole notebook takes well under a minu
 
 
 def test_there_are_notebooks():
-    assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "tree_anatomy.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "tree_anatomy.ipynb", "why_the_tree_wins.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

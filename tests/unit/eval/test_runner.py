@@ -115,3 +115,15 @@ def test_the_settings_accounting_reaches_generate(engine, tmp_path) -> None:
     assert (record["tokens"], record["acceptance_lengths"]) == (direct.tokens, direct.acceptance_lengths)
     exact = engine.generate(encode_turn(tiny_tokenizer(), "Prompt number 0."), max_new_tokens=12, seed=record["seed"])
     assert exact.tokens == direct.tokens and exact.acceptance_lengths != direct.acceptance_lengths  # one round more
+
+
+def test_rounds_are_recorded_only_when_asked(engine, tmp_path) -> None:
+    from ddtree.metrics.rounds import traces_of
+
+    run(engine, tmp_path / "plain", prompts(1))
+    assert "rounds" not in read_records(tmp_path / "plain")["0:0"]
+    run(engine, tmp_path / "rounds", prompts(1), RunSettings(**{**vars(SETTINGS), "record_rounds": True}))
+    record = read_records(tmp_path / "rounds")["0:0"]
+    traces = traces_of(record)
+    assert [t.length for t in traces] == record["acceptance_lengths"]
+    assert all(t.path[0] == 0 and t.size <= 7 and len(t.top) >= max(t.depths) for t in traces)

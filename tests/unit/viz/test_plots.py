@@ -24,3 +24,19 @@ def test_acceptance_histogram(tmp_path) -> None:
     fig = plot_acceptance_histogram({"ours": {1: 0.5, 2: 0.25, 16: 0.25}, "paper": paper})
     fig.savefig(tmp_path / "fig4.png")
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["ours", "paper"]
+
+
+def test_round_figures_draw_from_the_analysis(tmp_path) -> None:
+    import numpy as np
+
+    from ddtree.metrics.rounds import Calibration
+    from ddtree.viz import plot_budget_estimate, plot_calibration, plot_depth_rank
+
+    fig = plot_depth_rank(np.array([[0.7, 0.1, np.nan], [0.5, 0.0, 0.2]]), "acceptance rate", title="rates")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2+"]
+    cal = Calibration(np.linspace(0, 1, 3), np.array([0.2, np.nan]), np.array([0.3, np.nan]), np.array([4, 0]))
+    fig = plot_calibration({"rank 0": cal})
+    assert "n=4" in fig.axes[0].get_legend().get_texts()[1].get_text()
+    fig = plot_budget_estimate({1: 1.5, 2: 1.8, 4: 2.0}, measured={4: 2.1}, chain=(1.4, 1.3))
+    fig.savefig(tmp_path / "budgets.png")
+    assert len(fig.axes[0].get_legend().get_texts()) == 4
