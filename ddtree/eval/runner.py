@@ -42,6 +42,15 @@ class RunSettings:
     progress: bool = True
     max_prompt_tokens: int | None = None  # keep only a prompt's last tokens (base models continuing text)
 
+    def __post_init__(self) -> None:  # checked before any weights load
+        for knob, least, optional in (("max_new_tokens", 1, False), ("warmup_tokens", 0, False),
+                                      ("max_prompt_tokens", 1, True), ("stop_after", 0, True)):
+            value = getattr(self, knob)
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{knob} must be an integer >= {least}, got {value!r}: set {knob}=N with N >= {least}")
+
 
 @dataclass
 class RunSummary:
