@@ -23,7 +23,8 @@ def the_line(out) -> str:
 
 @pytest.fixture
 def main_job(cli, tmp_path):
-    return lambda *args: cli("main.py", *args, "progress=false", f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
+    return lambda *args: cli("main.py", *args, "progress=false", "threads=1", f"hydra.run.dir={tmp_path / 'out'}",
+                             cwd=tmp_path)
 
 
 @pytest.fixture
