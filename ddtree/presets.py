@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -78,6 +79,10 @@ def compose(strategy: str | None = None, overrides: Sequence[str] = (), config_n
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ddtree.errors import one_line
 
     register_resolvers()
     overrides = list(overrides)
@@ -91,10 +96,59 @@ def compose(strategy: str | None = None, overrides: Sequence[str] = (), config_n
             return hydra_compose(config_name, overrides=overrides)
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             return hydra_compose(config_name, overrides=overrides)
-    except Exception as err:  # Hydra's override and missing-config errors, said in one line
-        if type(err).__module__.startswith(("hydra", "omegaconf")):
-            raise ValueError(f"cannot compose {config_name} with {' '.join(overrides)}: {err}") from None
-        raise
+    except (HydraException, OmegaConfBaseException) as err:  # override and missing-config errors, in one line
+        raise ValueError(f"cannot compose {config_name} with {' '.join(overrides)}: {one_line(err)}") from None
+
+
+def config_error(err: BaseException, knob_advice: str | None = None) -> str:
+    """A Hydra or OmegaConf error (composing, reading or instantiating a config) as a sentence
+    naming the knob or config file and what to do (``ddtree.errors`` prints it on one line)."""
+    from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException, \
+        OverrideParseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    from ddtree.errors import one_line
+
+    text = str(err)
+    if isinstance(err, OmegaConfBaseException):
+        key = getattr(err, "full_key", None) or "a value"
+        if isinstance(err, MissingMandatoryValue) or "Missing mandatory value" in text:
+            return f"{key} is required and has no default: add {key}=VALUE to the command line"
+        return f"{key}: {text.splitlines()[0]}"
+    if isinstance(err, MissingConfigException):
+        where = text.splitlines()[0].split(": ", 1)[-1]  # "Could not find 'experiment/nope'"
+        options = f"; the options there: {', '.join(err.options)}" if err.options else ""
+        return f"unknown config name: {where} in {config_dir()}{options}"
+    if isinstance(err, OverrideParseException):
+        lines = text.splitlines()
+        return f"{lines[0]}: {lines[1] if len(lines) > 1 else ''}; write overrides as key=value (quote lists: 'key=[a,b]')"
+    if isinstance(err, InstantiationException):
+        knob = re.search(r"full_key: (\S+)", text)
+        inner = one_line(err.__cause__) if err.__cause__ is not None else None
+        return (f"{knob.group(1)}: " if knob else "") + (inner if inner is not None else text.splitlines()[0])
+    if isinstance(err, ConfigCompositionException):
+        key = re.search(r"Could not override '([^']+)'", text)
+        if key and isinstance(err.__cause__, OmegaConfBaseException) and "not in struct" in str(err.__cause__):
+            return _unknown_knob(key.group(1), knob_advice)
+        cause = f" ({one_line(err.__cause__)})" if err.__cause__ is not None else ""
+        return text.splitlines()[0] + cause
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _unknown_knob(key: str, knob_advice: str | None) -> str:
+    """``tree.budget`` on a config whose tree has no budget: which options of the group have it."""
+    group, _, leaf = key.partition(".")
+    folder = config_dir()
+    having = [f.stem for f in sorted((folder / group).glob("*.yaml"))
+              if leaf and re.search(rf"^{re.escape(leaf.split('.')[0])}:", f.read_text(), flags=re.M)]
+    presets = [f.stem for f in sorted((folder / "experiment").glob("*.yaml"))
+               if any(re.search(rf"override /{group}: {o}\b", f.read_text()) for o in having)]
+    advice = ""
+    if having:
+        advice = f"; {group} configs that have it: {', '.join(having)} (choose one with {group}={having[0]}"
+        advice += f", or a preset that does: experiment={presets[0]})" if presets else ")"
+    return (f"{key} is not a knob of the {group} config chosen here (an override sets a knob, it cannot add one)"
+            f"{advice}; {knob_advice or 'the flag --cfg job lists the knobs there are'}")
 
 
 def _quoted(value: Any) -> str:
@@ -152,14 +206,39 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
         if "budget" not in cfg.tree:
             raise ValueError(f"budget={budget} applies to tree strategies (ddtree); {strategy!r} verifies a chain")
         cfg.tree.budget = budget
+    if model is None:
+        check_files(cfg)
+    if tokenizer is None and (model is None or hasattr(model, "preset_overrides")):
+        from hydra.utils import instantiate
+
+        tokenizer = instantiate(cfg.target.tokenizer)  # before the weights: a missing tokenizer fails at once
     built = _target(cfg, model)
     if model is None or hasattr(model, "preset_overrides"):
         built.preset_overrides = tuple(target_overrides)  # load(..., target=engine.target) shares it
-        if tokenizer is None:
-            from hydra.utils import instantiate
-
-            tokenizer = instantiate(cfg.target.tokenizer)
     return engine_from_config(cfg, built, tokenizer=tokenizer, drafter=drafter, **network)
+
+
+def check_files(cfg) -> None:
+    """Cheap checks before any weights load: every local checkpoint directory that the target and
+    drafter configs name has readable safetensors headers (a truncated file fails naming it)."""
+    from omegaconf import OmegaConf
+
+    from ddtree.models.loading import check_safetensors
+
+    def paths(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("name_or_path", "path_or_name") and isinstance(value, str):
+                    yield Path(value).expanduser()
+                else:
+                    yield from paths(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from paths(value)
+
+    nodes = [OmegaConf.to_container(node, resolve=True) for node in (cfg.target.model, cfg.drafter)]
+    for path in sorted({p for p in paths(nodes) if p.is_dir()}):
+        check_safetensors(path)
 
 
 def _target(cfg, model):
@@ -236,19 +315,22 @@ def run_comparison(specs: Mapping[str, Sequence[str]], temperatures: Sequence[fl
     from ddtree.eval.compare import Contender, compare, format_table, table_rows
 
     start = time.perf_counter()
-    # 1. The cheap parts first: every strategy composes and builds its tree and verifier before weights load.
+    # 1. The cheap parts first: the prompts are read, every strategy composes and builds its tree and
+    #    verifier, and every checkpoint's header is read before any weights load.
+    sets = {name: list(spec) if isinstance(spec, (list, tuple)) else instantiate(spec)
+            for name, spec in prompt_sets.items()}
     configs = {(name, float(t)): compose(None, [*overrides, *spec, f"temperature={float(t)}"], config_name)
                for t in temperatures for name, spec in specs.items()}
     for c in configs.values():
         instantiate(c.tree), instantiate(c.verifier)
+        check_files(c)
     targets = {OmegaConf.to_yaml(c.target, resolve=True) for c in configs.values()}
     if len(targets) > 1:
         raise ValueError("the strategies compose different targets; one comparison shares one target")
-    sets = {name: list(spec) if isinstance(spec, (list, tuple)) else instantiate(spec)
-            for name, spec in prompt_sets.items()}
     # 2. One target and tokenizer for all; one engine per strategy and temperature.
     first = next(iter(configs.values()))
-    target, tokenizer = instantiate(first.target.model), instantiate(first.target.tokenizer)
+    tokenizer = instantiate(first.target.tokenizer)
+    target = instantiate(first.target.model)
     engines = {key: engine_from_config(c, target, tokenizer=tokenizer) for key, c in configs.items()}
     identities = {key: _identity(c, settings) for key, c in configs.items()}
     echo(f"{first.target.name} as {type(target).__name__} on {target.input_device}; strategies {', '.join(specs)}; "

@@ -21,7 +21,6 @@ included), tokens/s and the speedup over AR (mean TPOT ratio, decode time only).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,6 +32,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ddtree import presets
+from ddtree.errors import NothingDecodedError, reported, run_cli
 from ddtree.presets import run_comparison
 from ddtree.eval.runner import RunSettings
 
@@ -75,13 +75,20 @@ def run(cfg: DictConfig, out: Path, overrides: list[str]) -> int:
         tables[name] = {k: [asdict(r) for r in v] for k, v in results.items()}
     (out / "tables.json").write_text(json.dumps(tables, indent=2) + "\n")  # pair -> prompt set -> rows
     print(f"\ntotal {time.perf_counter() - start:.1f}s; records and tables.json in {out}")
-    return 0 if any(r["responses"] for sets in tables.values() for rows in sets.values() for r in rows) else 1
+    if not any(r["responses"] for sets in tables.values() for rows in sets.values() for r in rows):
+        raise NothingDecodedError(
+            f"decoded nothing: every prompt was skipped as too long for the target's context with "
+            f"max_new_tokens={cfg.max_new_tokens} (the warnings above name them); lower max_new_tokens or "
+            f"max_prompt_tokens={cfg.max_prompt_tokens}")
+    return 0
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="main")
+@reported
 def main(cfg: DictConfig) -> int:
     return run(cfg, Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, knob_advice="main.py sets each strategy's knobs in strategy_specs, e.g. "
+                              "'strategy_specs.ddtree-64=[experiment=ddtree,tree.budget=128]'")

@@ -27,6 +27,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from ddtree.errors import run_cli
 from ddtree.eval import cells, load_paper_numbers, load_runs, run_rows, table_rows, to_csv, to_latex, to_markdown
 from ddtree.eval.tables import Cell
 
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = load_runs(args.runs)
     if not runs:
-        parser.error(f"no finished responses under {', '.join(map(str, args.runs))} (looked for run.json)")
+        raise FileNotFoundError(f"no finished responses under {', '.join(map(str, args.runs))} (looked for run.json "
+                                "beside records): pass the run or sweep directories that run.py wrote")
     table = cells(runs)
     paper = load_paper_numbers() if args.compare_paper else None
     rows = table_rows(table, paper)
@@ -197,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
 from ddtree import presets
 from ddtree.training import corpus as corpus_lib
@@ -128,13 +129,13 @@ class Run:
     def stream(self, split: str) -> torch.Tensor:
         """The split's documents tokenised into one ``[N]`` stream (cached on disk)."""
         if split not in self._streams:
-            file = self.cfg.work / f"tokens_{split}.pt"
+            file = self.cfg.work / f"tokens_{split}.safetensors"
             if file.is_file():
-                self._streams[split] = torch.load(file)
+                self._streams[split] = load_file(str(file))["ids"]
             else:
                 tok = load_tokenizer(self.cfg.pair / pair_lib.TOKENIZER)
                 ids = token_stream(encode_documents(tok, corpus_lib.split_texts(self.docs(), split)))
-                torch.save(ids, file)
+                save_file({"ids": ids.contiguous()}, str(file))
                 self._streams[split] = ids
         return self._streams[split]
 
@@ -142,7 +143,7 @@ class Run:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(self.cfg.pair / pair_lib.TARGET), dtype=dtype or self.cfg.dtype(),
-                                                     attn_implementation="sdpa")
+                                                     attn_implementation="sdpa", use_safetensors=True)
         return model.to(self.cfg.device).eval()
 
 

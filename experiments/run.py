@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
 
 from ddtree import presets
+from ddtree.errors import NothingDecodedError, reported, run_cli
 from ddtree.eval import (
     RecordWriter,
     RunSettings,
@@ -61,6 +62,8 @@ def identity(cfg: DictConfig) -> dict:
         resolved = OmegaConf.to_container(cfg, resolve=True)
     except (MissingMandatoryValue, InterpolationToMissingValueError) as err:  # e.g. no DFlash checkpoint
         key = getattr(err, "full_key", "") or "a value"
+        if not key.startswith(("drafter", "target.drafters")):  # other keys: the generic line of ddtree.errors
+            raise
         raise ValueError(
             f"{str(err).splitlines()[0]} (needed by {key}). Set it on the "
             "command line, e.g. target.drafters.dflash=NAME_OR_DIR; tiny targets have no checkpoints: "
@@ -78,7 +81,8 @@ def load_target(cfg: DictConfig):
         _loaded.clear()
         gc.collect()  # free the previous target before the next one loads
         log.info("loading target %s", cfg.target.name)
-        _loaded.update(key=key, target=instantiate(cfg.target.model), tokenizer=instantiate(cfg.target.tokenizer))
+        tokenizer = instantiate(cfg.target.tokenizer)  # before the weights: a missing tokenizer fails at once
+        _loaded.update(key=key, target=instantiate(cfg.target.model), tokenizer=tokenizer)
         target = _loaded["target"]
         log.info("target %s as %s on %s%s", cfg.target.name, type(target).__name__, target.input_device,
                  " (CUDA graphs)" if getattr(target, "cuda_graphs", False) else "")
@@ -90,7 +94,11 @@ def run(cfg: DictConfig, run_dir: Path):
     shard = Shard.from_env()
     ident = identity(cfg)
 
-    # 1. The cheap parts first: a bad knob (budget < 0, temperature < 0) fails before any weights load.
+    # 1. The cheap parts first: a bad knob (budget < 0, temperature < 0, max_new_tokens < 1) or an
+    #    unreadable checkpoint fails before any weights load.
+    settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
+                           stop_after=cfg.stop_after, progress=cfg.progress, accounting=instantiate(cfg.accounting),
+                           record_rounds=cfg.record_rounds)
     tree, mask, verifier = instantiate(cfg.tree), instantiate(cfg.mask), instantiate(cfg.verifier)
     if float(getattr(verifier, "temperature", cfg.temperature)) != float(cfg.temperature):
         raise ValueError(
@@ -98,6 +106,7 @@ def run(cfg: DictConfig, run_dir: Path):
             f"{cfg.temperature}; use verifier=sampling"
         )
     prompts = instantiate(cfg.data)
+    presets.check_files(cfg)
 
     # 2. Resume: what this rank still has to decode.
     check_run_dir(run_dir, ident)
@@ -111,13 +120,11 @@ def run(cfg: DictConfig, run_dir: Path):
     # 3. Weights, the engine, and the run's description (what the tables group by).
     cfg.device = shard.device(cfg.device)
     target, tokenizer = load_target(cfg)
-    engine = build_engine(target, instantiate(cfg.drafter), tree, mask, verifier, eos_stop_tokens(tokenizer))
+    engine = build_engine(target, instantiate(cfg.drafter), tree, mask, verifier, eos_stop_tokens(tokenizer),
+                          tokenizer=tokenizer)
     write_json(run_dir / "run.json", {"config": ident, "parts": describe_parts(engine), "preset": cfg.strategy,
                                       "model": cfg.target.name,
                                       "dataset": cfg.data.name, "world_size": shard.world_size})
-    settings = RunSettings(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, warmup_tokens=cfg.warmup_tokens,
-                           stop_after=cfg.stop_after, progress=cfg.progress, accounting=instantiate(cfg.accounting),
-                           record_rounds=cfg.record_rounds)
     log.info("%s: %d responses recorded, %d of this rank's to decode", run_dir, len(done), len(pending))
     with RecordWriter(run_dir / shard.records_name) as writer:
         summary = run_prompts(engine, tokenizer, prompts, writer, done, settings, shard)
@@ -125,13 +132,18 @@ def run(cfg: DictConfig, run_dir: Path):
              len(summary.skipped), " (stopped early: stop_after)" if summary.stopped_early else "")
     for reason in summary.skipped:
         log.warning("skipped %s", reason)
+    if summary.skipped and not (summary.computed or summary.reused):
+        raise NothingDecodedError(
+            f"{run_dir}: decoded nothing, every prompt was skipped ({summary.skipped[0]}); shorten the prompts "
+            f"or lower max_new_tokens={cfg.max_new_tokens}")
     return summary
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
+@reported
 def main(cfg: DictConfig) -> None:
     run(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

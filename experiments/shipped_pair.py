@@ -28,6 +28,7 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from ddtree import presets
+from ddtree.errors import reported, run_cli
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests): find the sibling
     sys.path.append(str(Path(__file__).resolve().parent))
@@ -73,7 +74,7 @@ def forget(cfg: PipelineConfig, stages: Sequence[str]) -> None:
     for stage in STAGES[first:]:
         (cfg.work / f"stage_{stage}.json").unlink(missing_ok=True)
     if first == 0:
-        for tokens in cfg.work.glob("tokens_*.pt"):  # tokenised with the old tokenizer
+        for tokens in cfg.work.glob("tokens_*.safetensors"):  # tokenised with the old tokenizer
             tokens.unlink()
 
 
@@ -89,10 +90,11 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name=CONFIG)
+@reported
 def main(cfg: DictConfig) -> None:
     transformers.utils.logging.disable_progress_bar()  # one line per stage event, not per shard
     run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

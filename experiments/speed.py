@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddtree import SpeculativeEngine, presets
 from ddtree.drafters import DFlashDrafter
+from ddtree.errors import reported, run_cli
 from ddtree.presets import engine_from_config
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget
@@ -189,6 +190,7 @@ def _table(rows: list[dict], tau: dict, ar: dict) -> str:
 
 
 @hydra.main(config_path="../configs", config_name="speed", version_base=None)
+@reported
 def main(cfg: DictConfig) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("experiments/speed.py measures GPU costs: no CUDA device is visible")
@@ -242,4 +244,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

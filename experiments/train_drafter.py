@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM
 
+from ddtree.errors import reported, run_cli
 from ddtree.training.sequences import SequenceSet
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs" / "train")
@@ -26,7 +27,7 @@ CONFIGS = str(Path(__file__).resolve().parents[1] / "configs" / "train")
 
 def train(cfg: DictConfig):
     """Build, train and save the drafter ``cfg`` describes; returns it (eval mode)."""
-    model = AutoModelForCausalLM.from_pretrained(cfg.target, attn_implementation="sdpa").to(cfg.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(cfg.target, attn_implementation="sdpa", use_safetensors=True).to(cfg.device).eval()
     data = SequenceSet.load(cfg.data)
     drafter = instantiate(cfg.drafter)(model).to(cfg.device, torch.float32)  # float32 master weights
     result = instantiate(cfg.fit)(drafter, model, data, instantiate(cfg.train, _convert_="all"),
@@ -37,9 +38,10 @@ def train(cfg: DictConfig):
 
 
 @hydra.main(config_path=CONFIGS, config_name="dflash", version_base="1.3")
+@reported
 def main(cfg: DictConfig) -> None:
     train(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

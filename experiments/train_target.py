@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ddtree.errors import run_cli
 from ddtree.training import corpus
 from ddtree.training.lm import LMTrainConfig, TargetSpec, build_target, token_stream, train_target
 from ddtree.training.loop import Budget
@@ -46,4 +47,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

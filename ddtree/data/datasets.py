@@ -251,8 +251,35 @@ def _read_local(spec: DatasetSpec, path: Path, split: str) -> "Dataset":
             f"dataset {spec.name!r}: cannot read {[str(f) for f in files]}: use files of one "
             f"format among {sorted(_EXTENSIONS)}"
         )
+    for file in files:
+        if file.suffix.lower() == ".jsonl":
+            check_jsonl(file)
     datasets = _require_datasets()
-    return datasets.load_dataset(builders.pop(), data_files={split: [str(f) for f in files]}, split=split)
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return datasets.load_dataset(builders.pop(), data_files={split: [str(f) for f in files]}, split=split)
+    except DatasetGenerationError as err:  # its own message names no file
+        raise ValueError(f"dataset {spec.name!r}: cannot read {', '.join(map(str, files))} "
+                         f"({type(err.__cause__ or err).__name__}: {err.__cause__ or err})") from err
+
+
+def check_jsonl(file: Path) -> None:
+    """Every line of a JSONL file is one JSON object; a bad line fails naming the file and line."""
+    import json
+
+    with open(file, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{file}, line {number}: not valid JSON ({err.msg} at column {err.colno}); "
+                                 'each line must be one JSON object, e.g. {"prompt": "..."}') from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{file}, line {number}: a JSON {type(row).__name__}, not an object; "
+                                 'each line must be one JSON object, e.g. {"prompt": "..."}')
 
 
 def _files_in_directory(spec: DatasetSpec, root: Path, split: str) -> list[Path]:

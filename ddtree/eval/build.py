@@ -45,7 +45,13 @@ def build_engine(
     stop_token_ids: Sequence[int] = (),
     tokenizer=None,
 ) -> SpeculativeEngine:
-    """The loop for one strategy. AR is ``NullDrafter`` with the chain: the same loop, timed alike."""
+    """The loop for one strategy. AR is ``NullDrafter`` with the chain: the same loop, timed alike.
+
+    A ``tokenizer`` larger than the target's vocabulary fails here."""
+    if tokenizer is not None:
+        from ddtree.models.hub import check_vocabularies
+
+        check_vocabularies(tokenizer, target)
     return SpeculativeEngine(target, bind_drafter(drafter, target), tree_builder, mask_compiler, verifier,
                              stop_token_ids=stop_token_ids, tokenizer=tokenizer)
 

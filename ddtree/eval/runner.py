@@ -46,6 +46,15 @@ class RunSettings:
     accounting: Accounting = ExactAccounting()  # end of run and acceptance lengths (ddtree.metrics.accounting)
     record_rounds: bool = False  # store every round's tree and accepted path in the record (ddtree.metrics.rounds)
 
+    def __post_init__(self) -> None:  # checked before any weights load
+        for knob, least, optional in (("max_new_tokens", 1, False), ("warmup_tokens", 0, False),
+                                      ("max_prompt_tokens", 1, True), ("stop_after", 0, True)):
+            value = getattr(self, knob)
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{knob} must be an integer >= {least}, got {value!r}: set {knob}=N with N >= {least}")
+
 
 @dataclass
 class RunSummary:

@@ -103,8 +103,9 @@ def load_runs(roots: Iterable[str | Path]) -> list[Run]:
             ident = (run.dataset, run.model, run.temperature, run.method, run.budget)
             if ident in seen and seen[ident] != run.path:
                 raise ValueError(
-                    f"two runs of {ident}: {seen[ident]} and {run.path}; pass only the directories "
-                    "of one configuration per cell"
+                    f"two runs of one cell (dataset, model, temperature, method, budget = {ident}) with different "
+                    f"configs: {seen[ident]} and {run.path}; pass the directories of one configuration only, and keep "
+                    "sweeps apart by giving each its own hydra.sweep.dir=multirun/NAME"
                 )
             seen[ident] = run.path
             runs.append(run)

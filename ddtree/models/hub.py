@@ -30,6 +30,10 @@ def as_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[key]
 
 
+# A directory holding any of these has a tokenizer that ``AutoTokenizer`` can read.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def _missing(name_or_path: str | Path, what: str, err: Exception) -> FileNotFoundError:
     return FileNotFoundError(
         f"could not load the {what} {str(name_or_path)!r} ({type(err).__name__}: {err}). Pass a local "
@@ -73,7 +77,31 @@ def load_tokenizer(name_or_path: str | Path):
 
     if name_or_path is None:
         raise ValueError("no tokenizer given: set target.path to a local directory or a hub name")
+    folder = Path(str(name_or_path)).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        sibling = folder.parent / "tokenizer"
+        where = f" ({sibling} holds one, as in a model pair)" if sibling.is_dir() else ""
+        raise FileNotFoundError(
+            f"{folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}){where}: set "
+            f"target.tokenizer.name_or_path={sibling if sibling.is_dir() else 'DIR'}, or load a pair directory "
+            "with target=pair target.dir=DIR")
     try:
         return AutoTokenizer.from_pretrained(str(name_or_path))
     except OSError as err:
         raise _missing(name_or_path, "tokenizer", err) from err
+
+
+def check_vocabularies(tokenizer, target) -> None:
+    """A tokenizer whose ids the target cannot embed fails here, naming both sizes and where each came from.
+
+    A model's embedding may be padded larger than its tokenizer (Qwen3: 151,936 rows for 151,669
+    tokens); only a tokenizer larger than the model's vocabulary is an error.
+    """
+    tokens, rows = len(tokenizer), int(target.vocab_size)
+    if tokens > rows:
+        model = getattr(getattr(getattr(target, "model", None), "config", None), "_name_or_path", None) or "the target"
+        source = getattr(tokenizer, "name_or_path", None) or "the tokenizer"
+        raise ValueError(
+            f"the tokenizer ({source}) has {tokens} tokens but the target model ({model}) has a vocabulary of "
+            f"{rows}: its ids would fall outside the model's embedding. Use the tokenizer saved with that "
+            "model (target.tokenizer.name_or_path=DIR)")

@@ -48,7 +48,7 @@ class HybridTarget(HFTarget):
     ``Qwen3_5ForCausalLM`` and for ``Qwen3_5ForConditionalGeneration`` (text model nested at
     ``model.model.language_model``; ``get_decoder()`` returns it in both cases).
 
-    >>> target = HybridTarget(Qwen3_5ForCausalLM.from_pretrained(name))   # doctest: +SKIP
+    >>> target = HybridTarget(Qwen3_5ForCausalLM.from_pretrained(name, use_safetensors=True))  # doctest: +SKIP
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int | None = None) -> None:

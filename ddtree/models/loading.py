@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 
@@ -37,10 +38,27 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def read_safetensors(path: Path) -> dict:
     """Every tensor of every ``*.safetensors`` file in the directory (pickles are never read)."""
-    files = sorted(path.glob("*.safetensors"))
+    files = check_safetensors(path)
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors file (other weight formats are not read)")
     state = {}
     for file in files:
         state.update(load_file(str(file)))
     return state
+
+
+def check_safetensors(path: Path) -> list[Path]:
+    """The directory's ``*.safetensors`` files, each header read (no tensor is loaded).
+
+    A truncated or corrupt file fails here, naming it, before any weights load: safetensors
+    checks that the header's offsets cover the file exactly.
+    """
+    files = sorted(Path(path).glob("*.safetensors"))
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except SafetensorError as err:
+            raise ValueError(f"{file} is not a readable safetensors file ({err}): it is truncated or corrupt; "
+                             "copy or download it again") from err
+    return files

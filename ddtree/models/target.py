@@ -31,7 +31,7 @@ class HFTarget:
     the prefix plus the accepted path's K/V rows, gathered into contiguous positions, which is
     exactly the cache a sequential forward over the path would have built.
 
-    >>> target = HFTarget(AutoModelForCausalLM.from_pretrained(name))   # doctest: +SKIP
+    >>> target = HFTarget(AutoModelForCausalLM.from_pretrained(name, use_safetensors=True))  # doctest: +SKIP
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int | None = None) -> None:

@@ -51,7 +51,8 @@ def load_pair(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             f"{path} is not a model pair directory (no {TARGET}/config.json); the shipped pair is "
             "assets/pair, built by experiments/make_shipped_pair.sh"
         )
-    target = AutoModelForCausalLM.from_pretrained(str(path / TARGET), dtype=dtype, attn_implementation="sdpa")
+    target = AutoModelForCausalLM.from_pretrained(str(path / TARGET), dtype=dtype, attn_implementation="sdpa",
+                                                  use_safetensors=True)
     target = target.to(device).eval()
     dtype = target.get_input_embeddings().weight.dtype
     dflash = None
@@ -214,6 +215,14 @@ def render_card(m: dict) -> str:
         "",
         "A tiny target trained from scratch so that speculative decoding can be run and measured on",
         "a CPU with real (not random) models. It continues Python code; it does not solve tasks.",
+        "",
+        "## Load",
+        "The tokenizer lives in `tokenizer/`, beside the target (`target/` holds no tokenizer files).",
+        "- `ddtree.load(\"ddtree\", target=\"DIR\")` (no target: this pair in `assets/pair`) builds any strategy on it;",
+        "- `python experiments/run.py target=pair target.dir=DIR` and `python experiments/main.py target.dir=DIR`;",
+        "- `target=hf target.path=DIR/target target.tokenizer.name_or_path=DIR/tokenizer` (drafter checkpoints:",
+        "  `target.drafters.dflash=DIR/dflash`, `target.drafters.mtp=DIR/mtp`);",
+        "- `ddtree.training.pair.load_pair(DIR)` returns every part as a module (training and analysis).",
         "",
         "## Data",
         f"- Corpus: the Python standard library source ({_fmt(corpus.get('source'))}), tests and generated",

@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming what was wrong and what to do."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,3 +49,51 @@ def test_empty_prompt_and_bad_max_new_tokens(engine):
 def test_token_outside_the_vocabulary(engine):
     with pytest.raises(ValueError, match="outside the target's vocabulary"):
         engine.generate(torch.tensor([1, 2, 500]))
+
+
+PAIR = Path(__file__).resolve().parents[2] / "assets" / "pair"
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused_naming_both(engine):
+    from ddtree.eval import build_engine
+    from ddtree.models.hub import load_tokenizer
+
+    tokenizer = load_tokenizer(PAIR / "tokenizer")  # 8192 tokens; the tiny target has fewer rows
+    parts = NullDrafter(), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier()
+    with pytest.raises(ValueError, match=rf"tokenizer \({PAIR / 'tokenizer'}\) has 8192 tokens but the target model "
+                                         rf"\(.*\) has a vocabulary of {engine.target.vocab_size}"):
+        build_engine(engine.target, *parts, tokenizer=tokenizer)
+
+
+def test_a_model_vocabulary_padded_beyond_the_tokenizer_is_fine(engine):
+    from ddtree.models.hub import check_vocabularies
+
+    class Small:
+        name_or_path = "small"
+
+        def __len__(self):
+            return engine.target.vocab_size - 7
+
+    check_vocabularies(Small(), engine.target)
+
+
+def test_a_target_directory_without_a_tokenizer_points_at_the_pair_tokenizer():
+    from ddtree.models.hub import load_tokenizer
+
+    with pytest.raises(FileNotFoundError, match=rf"holds no tokenizer.*name_or_path={PAIR / 'tokenizer'}"):
+        load_tokenizer(PAIR / "target")
+
+
+def test_a_truncated_checkpoint_is_named(tmp_path):
+    from ddtree.models.loading import check_safetensors
+
+    (tmp_path / "model.safetensors").write_bytes((PAIR / "mtp" / "model.safetensors").read_bytes()[:-10])
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'model.safetensors'} is not a readable safetensors file"):
+        check_safetensors(tmp_path)
+
+
+def test_one_line_keeps_bugs_out():
+    from ddtree.errors import one_line
+
+    assert one_line(ValueError("bad knob\nsecond line")) == "bad knob; second line"
+    assert one_line(TypeError("a bug")) is None  # a bug keeps its traceback

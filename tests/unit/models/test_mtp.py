@@ -78,7 +78,7 @@ def test_qwen35_checkpoint_loads_every_key(tmp_path, qwen35_head):
     # Gated full attention: q_proj also produces the output gate.
     assert loaded.layers[0].self_attn.q_proj.weight.shape == (2 * 4 * 16, 64)
     # transformers itself ignores the mtp.* tensors of such a checkpoint (that is why we read them).
-    trunk = Qwen3_5ForCausalLM.from_pretrained(tmp_path)
+    trunk = Qwen3_5ForCausalLM.from_pretrained(tmp_path, use_safetensors=True)
     assert not any(k.startswith("mtp") for k in trunk.state_dict())
 
 
@@ -144,7 +144,7 @@ def test_a_head_saved_into_its_target_checkpoint_loads_as_a_real_qwen35s(tmp_pat
     keys = {k for k in load_file(str(tmp_path / "model.safetensors")) if k.startswith("mtp.")}
     assert keys == QWEN35_KEYS and json.loads((tmp_path / "config.json").read_text())["mtp_num_hidden_layers"] == 1
     _assert_same(_head(qwen35_head.config, seed=1), MTPHead.from_pretrained(tmp_path))
-    reloaded = Qwen3_5ForCausalLM.from_pretrained(tmp_path)  # the trunk's own tensors are untouched
+    reloaded = Qwen3_5ForCausalLM.from_pretrained(tmp_path, use_safetensors=True)  # the trunk's tensors are untouched
     for key, value in trunk.state_dict().items():
         assert torch.equal(value, reloaded.state_dict()[key]), key
 

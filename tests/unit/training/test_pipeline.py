@@ -60,12 +60,12 @@ def test_redo_forgets_a_stage_and_every_later_one(app, tmp_path):
     cfg = app.load_config([f"work={tmp_path}"])
     for name in ("tokenizer", "target", "regenerate", "dflash", "mtp", "evaluate"):
         write_json({}, tmp_path / f"stage_{name}.json")
-    (tmp_path / "tokens_train.pt").write_bytes(b"")
+    (tmp_path / "tokens_train.safetensors").write_bytes(b"")
     app.forget(cfg, ["mtp", "dflash"])
     assert sorted(p.name for p in tmp_path.glob("stage_*")) == [
         "stage_regenerate.json", "stage_target.json", "stage_tokenizer.json"]
     app.forget(cfg, [])
-    assert (tmp_path / "tokens_train.pt").is_file()
+    assert (tmp_path / "tokens_train.safetensors").is_file()
     app.forget(cfg, ["tokenizer"])  # the token streams came from the old tokenizer
     assert not list(tmp_path.iterdir())
     with pytest.raises(ValueError, match="cannot redo unknown stages"):
