@@ -203,6 +203,17 @@ def _continuation(dfl: dict, mtp: dict) -> list[str]:
             f"on {_fmt(earlier.get('sequences'))} other responses of the same target."]
 
 
+def _load_lines(hybrid: bool) -> list[str]:
+    """How ddtree.load and the entry points reach a pair of this layout (its configs/target/ entry)."""
+    if hybrid:
+        return ["- `ddtree.load(\"ddtree\", overrides=[\"target=pair_hybrid\", \"target.dir=DIR\"])` (without "
+                "`target.dir`: this pair in `assets/pair_hybrid`) builds any strategy on it;",
+                "- `python experiments/run.py target=pair_hybrid target.dir=DIR` and "
+                "`python experiments/main.py target=pair_hybrid target.dir=DIR`;"]
+    return ["- `ddtree.load(\"ddtree\", target=\"DIR\")` (no target: this pair in `assets/pair`) builds any strategy on it;",
+            "- `python experiments/run.py target=pair target.dir=DIR` and `python experiments/main.py target.dir=DIR`;"]
+
+
 def render_card(m: dict) -> str:
     """The model card: every number comes from the pipeline's ``metrics.json``."""
     corpus, tgt, reg = m.get("corpus", {}), m.get("target", {}), m.get("regenerate", {})
@@ -218,10 +229,9 @@ def render_card(m: dict) -> str:
         "",
         "## Load",
         "The tokenizer lives in `tokenizer/`, beside the target (`target/` holds no tokenizer files).",
-        "- `ddtree.load(\"ddtree\", target=\"DIR\")` (no target: this pair in `assets/pair`) builds any strategy on it;",
-        "- `python experiments/run.py target=pair target.dir=DIR` and `python experiments/main.py target.dir=DIR`;",
+        *_load_lines(bool(mtp.get("in_target"))),
         "- `target=hf target.path=DIR/target target.tokenizer.name_or_path=DIR/tokenizer` (drafter checkpoints:",
-        "  `target.drafters.dflash=DIR/dflash`, `target.drafters.mtp=DIR/mtp`);",
+        f"  `target.drafters.dflash=DIR/dflash`, `target.drafters.mtp=DIR/{TARGET if mtp.get('in_target') else MTP}`);",
         "- `ddtree.training.pair.load_pair(DIR)` returns every part as a module (training and analysis).",
         "",
         "## Data",

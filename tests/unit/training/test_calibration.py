@@ -40,6 +40,7 @@ def test_the_fit_recovers_the_temperatures_labels_were_drawn_at(on_chain):
     g = torch.Generator().manual_seed(0)
     true = torch.tensor([0.5, 1.0, 2.0])
     log_probs = torch.log_softmax(2 * torch.randn(4000, 3, 16, generator=g), -1)  # [R, L, vocab]
+    torch.manual_seed(0)  # Categorical.sample draws from the global generator: fixed whatever ran before
     labels = torch.distributions.Categorical(logits=log_probs / true[None, :, None]).sample()
     # on the chain: only depths below top-1 hits count (the labels do not depend on them)
     mask = chain_mask(log_probs, labels) if on_chain else labels != NO_LABEL

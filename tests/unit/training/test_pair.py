@@ -95,3 +95,9 @@ def test_the_shipped_card_still_renders_from_its_metrics():
     for name in ("ar", "mtp", "dflash", "ddtree-16", "ddtree-32", "ddtree-64"):
         tau = {row["temperature"]: row["tau"] for row in metrics["tau"] if row["strategy"] == name}
         assert f"| {name} | {tau[0.0]:.2f} | {tau[1.0]:.2f} |" in card
+
+
+@pytest.mark.parametrize("name", ["pair", "pair_hybrid"])
+def test_each_committed_card_is_its_metrics_rendered(name):
+    path = SHIPPED.parent / name
+    assert (path / "README.md").read_text() == render_card(json.loads((path / "metrics.json").read_text()))
