@@ -218,9 +218,10 @@ def load(strategy: str = "ddtree", target: Any = None, drafter: Any = None, toke
     return engine_from_config(cfg, built, tokenizer=tokenizer, drafter=drafter, **network)
 
 
-def check_files(cfg) -> None:
-    """Cheap checks before any weights load: every local checkpoint directory that the target and
-    drafter configs name has readable safetensors headers (a truncated file fails naming it)."""
+def check_files(*cfgs) -> None:
+    """Cheap checks before any weights load: every local checkpoint directory that the configs'
+    target and drafter name has readable safetensors headers (a truncated file fails naming it);
+    each directory is read once, however many configs name it."""
     from omegaconf import OmegaConf
 
     from ddtree.models.loading import check_safetensors
@@ -236,7 +237,7 @@ def check_files(cfg) -> None:
             for value in node:
                 yield from paths(value)
 
-    nodes = [OmegaConf.to_container(node, resolve=True) for node in (cfg.target.model, cfg.drafter)]
+    nodes = [OmegaConf.to_container(node, resolve=True) for cfg in cfgs for node in (cfg.target.model, cfg.drafter)]
     for path in sorted({p for p in paths(nodes) if p.is_dir()}):
         check_safetensors(path)
 
@@ -323,7 +324,7 @@ def run_comparison(specs: Mapping[str, Sequence[str]], temperatures: Sequence[fl
                for t in temperatures for name, spec in specs.items()}
     for c in configs.values():
         instantiate(c.tree), instantiate(c.verifier)
-        check_files(c)
+    check_files(*configs.values())
     targets = {OmegaConf.to_yaml(c.target, resolve=True) for c in configs.values()}
     if len(targets) > 1:
         raise ValueError("the strategies compose different targets; one comparison shares one target")

@@ -201,18 +201,26 @@ class DepthRank:
         return self.accepted / max(self.rounds, 1)
 
 
+def tested_nodes(responses: Responses):
+    """``(trace, node, accepted)`` for every tested node: one whose parent is on the accepted path
+    (the target's choice there was this token or another), accepted when it is on the path itself."""
+    for r in responses:
+        for t in r:
+            on_path = set(t.path)
+            for i in range(1, t.size):
+                if t.parents[i] in on_path:
+                    yield t, i, i in on_path
+
+
 def depth_rank(responses: Responses, max_rank: int = 8) -> DepthRank:
     """Acceptance per (depth, rank); ranks at or past ``max_rank`` share the last column."""
     traces = [t for r in responses for t in r]
     depth = max((max(t.depths) for t in traces), default=0)
     tested, accepted = np.zeros((depth, max_rank), dtype=int), np.zeros((depth, max_rank), dtype=int)
-    for t in traces:
-        on_path = set(t.path)
-        for i in range(1, t.size):
-            if t.parents[i] in on_path:
-                cell = (t.depths[i] - 1, min(t.ranks[i], max_rank - 1))
-                tested[cell] += 1
-                accepted[cell] += i in on_path
+    for t, i, hit in tested_nodes(responses):
+        cell = (t.depths[i] - 1, min(t.ranks[i], max_rank - 1))
+        tested[cell] += 1
+        accepted[cell] += hit
     return DepthRank(tested, accepted, len(traces))
 
 
@@ -254,14 +262,10 @@ def calibration(responses: Responses, bins: int = 10, depths: Sequence[int] | No
     """Reliability of q over the tested nodes at the given depths and ranks (all when None):
     in each of ``bins`` equal bins of q in [0, 1], the mean q against the fraction accepted."""
     stated, hit = [], []
-    for r in responses:
-        for t in r:
-            on_path = set(t.path)
-            for i in range(1, t.size):
-                if t.parents[i] in on_path and (depths is None or t.depths[i] in depths) and \
-                        (ranks is None or t.ranks[i] in ranks):
-                    stated.append(float(np.exp(t.log_probs[i])))
-                    hit.append(i in on_path)
+    for t, i, accepted in tested_nodes(responses):
+        if (depths is None or t.depths[i] in depths) and (ranks is None or t.ranks[i] in ranks):
+            stated.append(float(np.exp(t.log_probs[i])))
+            hit.append(accepted)
     edges = np.linspace(0.0, 1.0, bins + 1)
     q, h = np.asarray(stated, dtype=float), np.asarray(hit, dtype=float)
     which = np.clip(np.searchsorted(edges, q, side="right") - 1, 0, bins - 1)

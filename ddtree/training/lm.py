@@ -49,10 +49,8 @@ class TargetSpec:
     def hf_config(self, eos_token_id: int, pad_token_id: int) -> PretrainedConfig:
         fields = asdict(self)
         rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta")}  # transformers 5 keeps RoPE here
-        return Qwen3Config(
-            **fields, rope_parameters=rope, rms_norm_eps=1e-6, attention_dropout=0.0, use_sliding_window=False,
-            bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id, attn_implementation="sdpa",
-        )
+        return Qwen3Config(**fields, rope_parameters=rope, use_sliding_window=False,
+                           **_shared_settings(eos_token_id, pad_token_id))
 
 
 @dataclass(frozen=True)
@@ -76,10 +74,14 @@ class HybridTargetSpec(TargetSpec):
                 "partial_rotary_factor": fields.pop("partial_rotary_factor")}
         layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                        for i in range(self.num_hidden_layers)]
-        return Qwen3_5TextConfig(
-            **fields, layer_types=layer_types, rope_parameters=rope, rms_norm_eps=1e-6, attention_dropout=0.0,
-            bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id, attn_implementation="sdpa",
-        )
+        return Qwen3_5TextConfig(**fields, layer_types=layer_types, rope_parameters=rope,
+                                 **_shared_settings(eos_token_id, pad_token_id))
+
+
+def _shared_settings(eos_token_id: int, pad_token_id: int) -> dict:
+    """What every target architecture is built with besides its shape."""
+    return {"rms_norm_eps": 1e-6, "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": eos_token_id,
+            "pad_token_id": pad_token_id, "attn_implementation": "sdpa"}
 
 
 def build_target(spec: TargetSpec, eos_token_id: int = 0, pad_token_id: int = 1, seed: int = 0) -> PreTrainedModel:
