@@ -254,3 +254,83 @@ class ReplayDrafter:
 
     def accept(self, verification, context) -> None:
         self.position += len(verification.tokens)
+
+
+# -- the gated delta rule, token by token: the reference the tree forms are checked against ----
+
+def delta_step(s, q, k, v, g, beta):
+    """One token of the gated delta rule per head; q, k already normalised and repeated."""
+    s = s * g.exp()[:, None, None]
+    delta = (v - torch.einsum("hkv,hk->hv", s, k)) * beta[:, None]
+    s = s + k[:, :, None] * delta[:, None, :]
+    return torch.einsum("hkv,hk->hv", s, q), s
+
+
+def prepare_qk(q, k, num_heads):
+    from ddtree.models.gdn_tree import l2norm
+
+    rep = num_heads // q.shape[1]
+    q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    return l2norm(q) * q.shape[-1] ** -0.5, l2norm(k)
+
+
+def per_node_delta_rule(q, k, v, g, beta, parents, s0):
+    """Reference semantics: node i starts from its parent's state (a root from s0)."""
+    q, k = prepare_qk(q, k, v.shape[1])
+    states, outs = [], []
+    for i in range(q.shape[0]):
+        start = s0 if parents[i] < 0 else states[int(parents[i])]
+        o, s = delta_step(start, q[i], k[i], v[i], g[i], beta[i])
+        states.append(s)
+        outs.append(o)
+    return torch.stack(outs)
+
+
+# -- the GPU suite's budget sequences: one target serving engine after engine ------------------
+
+def sequence_engine(target, budget, drafter_kind: str, prompts, refs, dflash, vocab: int, block: int):
+    """The engine of one step of a budget sequence: ``budget`` is "ar", "chain", "mtp" (a random
+    3-step MTP head) or a tree budget; ``drafter_kind`` "replay" (the known greedy text with swaps:
+    long accepted paths at no drafting cost), "dflash-graph" or "dflash-eager"."""
+    from ddtree import SpeculativeEngine
+    from ddtree.drafters import DFlashDrafter, NullDrafter
+    from ddtree.masks import DenseMaskCompiler
+    from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+    from ddtree.verifiers import GreedyVerifier
+
+    if budget == "ar":
+        drafter, tree = NullDrafter(), ChainTreeBuilder()
+    elif budget == "mtp":
+        drafter, tree = tiny_mtp_drafter(target, steps=3), ChainTreeBuilder()
+    else:
+        tree = ChainTreeBuilder() if budget == "chain" else BestFirstTreeBuilder(budget)
+        if drafter_kind == "replay":
+            drafter = ReplayDrafter([p.tolist() + r for p, r in zip(prompts, refs)], vocab, depth=block - 1,
+                                    hidden_layers=(1, 2))
+        else:
+            drafter = DFlashDrafter(dflash, target, block, max_length=512, cuda_graphs=drafter_kind == "dflash-graph")
+    return SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+
+
+def check_budget_sequence(target, budgets, drafter_kind: str, prompts, refs, dflash, new: int, vocab: int,
+                          block: int) -> None:
+    """Every engine of the sequence, on the same target, returns the greedy reference on every prompt."""
+    for budget in budgets:
+        engine = sequence_engine(target, budget, drafter_kind, prompts, refs, dflash, vocab, block)
+        for prompt, ref in zip(prompts, refs):
+            tokens = engine.generate(prompt, max_new_tokens=new).tokens
+            assert tokens == ref[:new], f"budget {budget}, prompt of {prompt.numel()} tokens: parts at " \
+                f"{next(i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b)}"
+
+
+def conditional_generation_twin(model):
+    """The text weights of a tiny hybrid inside a ``Qwen3_5ForConditionalGeneration`` (text model at
+    ``model.model.language_model``), as real Qwen3.5/3.6 checkpoints load."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64, patch_size=4,
+                  temporal_patch_size=1)
+    wrapped = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=model.config.to_dict(), vision_config=vision))
+    wrapped.model.language_model.load_state_dict(model.model.state_dict())
+    wrapped.lm_head.load_state_dict(model.lm_head.state_dict())
+    return wrapped.eval()

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import Qwen3_5ForCausalLM
 
 from ddtree import SpeculativeEngine
 from ddtree.drafters import OracleDrafter
 from ddtree.masks import DenseMaskCompiler
+from ddtree.models.geometry import random_hybrid
 from ddtree.models import HybridTarget
 from ddtree.trees import BestFirstTreeBuilder
 from ddtree.types import Draft, Tree
@@ -68,47 +69,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_model(args, layers: int, device: torch.device, dtype: torch.dtype) -> Qwen3_5ForCausalLM:
-    """Random weights allocated directly on ``device`` in ``dtype``; the slow HF init is skipped
-    and replaced by one in-place fill per tensor (seconds for 55 GB on a GPU)."""
-    from transformers.initialization import no_init_weights
-
-    config = Qwen3_5TextConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-        num_hidden_layers=layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, linear_num_key_heads=args.gdn_key_heads, linear_num_value_heads=args.gdn_value_heads,
-        linear_key_head_dim=args.gdn_head_dim, linear_value_head_dim=args.gdn_head_dim,
-        linear_conv_kernel_dim=args.conv_kernel, max_position_embeddings=262144, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
-        attn_implementation="sdpa",
+    """Random weights allocated directly on ``device`` in ``dtype`` (``random_hybrid``)."""
+    return random_hybrid(
+        device=device, dtype=dtype, seed=args.seed, vocab_size=args.vocab, hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size, num_hidden_layers=layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, head_dim=args.head_dim, linear_num_key_heads=args.gdn_key_heads,
+        linear_num_value_heads=args.gdn_value_heads, linear_key_head_dim=args.gdn_head_dim,
+        linear_value_head_dim=args.gdn_head_dim, linear_conv_kernel_dim=args.conv_kernel,
     )
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device), no_init_weights():
-            model = Qwen3_5ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    fill_random_(model, args.seed)
-    return model.eval()
-
-
-@torch.no_grad()
-def fill_random_(model: Qwen3_5ForCausalLM, seed: int) -> None:
-    """A finite random init that keeps GDN layers alive (moderate decays, O(1) conv)."""
-    gen = torch.Generator(device=model.device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("A_log"):
-            param.uniform_(-3.0, 0.0, generator=gen)  # decays e^-0.05 .. e^-1 per token
-        elif name.endswith("dt_bias"):
-            param.normal_(0.0, 1.0, generator=gen)
-        elif name.endswith("conv1d.weight"):
-            param.normal_(0.0, 0.5, generator=gen)
-        elif param.ndim == 1:  # norms: linear_attn.norm is a plain w (ones), the others 1 + w (zeros)
-            param.fill_(1.0 if name.endswith("linear_attn.norm.weight") else 0.0)
-        else:
-            param.normal_(0.0, 0.02, generator=gen)
 
 
 # ---------------------------------------------------------------- timing

@@ -32,8 +32,10 @@ from ddtree.drafters import DFlashDrafter
 from ddtree.errors import reported, run_cli
 from ddtree.presets import engine_from_config
 from ddtree.masks import DenseMaskCompiler
-from ddtree.models import HFTarget
-from ddtree.models.geometry import random_dflash_for, random_qwen3
+from ddtree.models import HFTarget, HybridTarget
+from ddtree.models.dispatch import is_hybrid
+from ddtree.models.geometry import HYBRID, random_dflash_for, random_hybrid, random_qwen3
+from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.models.static_target import StaticTarget
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
@@ -57,6 +59,19 @@ def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: in
             "peak_extra_mib": peak / 2**20, "tokens": result.tokens}
 
 
+@torch.inference_mode()
+def _time_prefill(target: HFTarget, prompt: torch.Tensor, reps: int = 3) -> float:
+    """Median ms of ``target.prefill(prompt)`` after one warm-up (synchronised)."""
+    times = []
+    for _ in range(reps + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        target.prefill(prompt)
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times[1:])[reps // 2]
+
+
 def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_model, mtp_head=None):
     """(label, path, engine) for every preset of ``cfg.strategies`` (configs/experiment/) on every
     path; a tree preset once per budget of ``cfg.budgets`` (label ``preset-B``). DFlash presets
@@ -66,10 +81,12 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     for preset in cfg.strategies:
         base = presets.compose(preset)  # block_size null: the drafter's own
         budgets = list(cfg.budgets) if "budget" in base.tree else [None]
-        for budget in budgets:
-            strategy = base if budget is None else presets.compose(
-                preset, [f"tree.budget={budget}", f"tree.method={cfg.tree_method}"])
-            label = preset if budget is None else f"{preset}-{budget}"
+        steps = list(cfg.mtp_steps) if "steps" in base.drafter else [None]  # MTP: one row per k
+        for budget, k in ((b, k) for b in budgets for k in steps):
+            overrides = ([] if budget is None else [f"tree.budget={budget}", f"tree.method={cfg.tree_method}"]) + \
+                ([] if k is None else [f"drafter.steps={k}"])
+            strategy = presets.compose(preset, overrides) if overrides else base
+            label = preset + ("" if budget is None else f"-{budget}") + ("" if k is None else f"-k{k}")
             for path, target in paths:
                 try:
                     engine = engine_from_config(strategy, target, model=dflash_model, max_length=cfg.max_length,
@@ -94,9 +111,10 @@ def _mtp_head(cfg: DictConfig, model):
 
 
 def _models(cfg: DictConfig):
-    """The target and drafter: trained ones from ``target``/``drafter`` paths, else random weights."""
+    """The target and drafter: trained ones from ``target``/``drafter`` paths, else random weights
+    of a named geometry (``QWEN3`` or ``HYBRID`` of ``ddtree.models.geometry``)."""
     if cfg.target_path is None:
-        model = random_qwen3(cfg.geometry)
+        model = random_hybrid(cfg.geometry) if cfg.geometry in HYBRID else random_qwen3(cfg.geometry)
         return model, random_dflash_for(model, block_size=cfg.block_size), str(cfg.geometry)
     from ddtree.models.dflash import DFlashDraftModel
     from ddtree.models.hub import load_causal_lm
@@ -200,11 +218,15 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit("prompts=FILE needs target_path=DIR: the prompts are tokenised with the tokenizer/ beside it")
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s", flush=True)
-    eager = HFTarget(model)
-    fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs)
-    prompt = torch.randint(0, model.config.vocab_size - 1, (cfg.prompt_length,))
+    if is_hybrid(model):
+        eager, fast = HybridTarget(model), StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs)
+    else:
+        eager, fast = HFTarget(model), StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs)
+    prompt = torch.randint(0, model.config.get_text_config().vocab_size - 1, (cfg.prompt_length,))
     check_prompts = _check_prompts(cfg, prompt)
     prompt = check_prompts[0] if cfg.prompts is not None else prompt
+    prefill_ms = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt) for path in cfg.paths}
+    print(f"prefill of {prompt.numel()} tokens, ms: {prefill_ms}", flush=True)
 
     rows = []
     mtp_head = _mtp_head(cfg, model)
@@ -225,7 +247,8 @@ def main(cfg: DictConfig) -> None:
     table = _table(rows, tau, ar)
     print(f"\nfirst divergence from {cfg.paths[0]} AR greedy per prompt, {cfg.check_tokens} tokens, with the eager "
           f"top-1/top-2 logit gap there (None = identical; near-tie: gap < {cfg.near_tie_gap}): {json.dumps(checks)}")
-    print(f"\n{name}, prompt {cfg.prompt_length}, {cfg.rounds} rounds, bf16, {torch.cuda.get_device_name()}\n")
+    print(f"\n{name}, prompt {cfg.prompt_length}, {cfg.rounds} rounds, bf16, {torch.cuda.get_device_name()}; "
+          f"prefill ms {prefill_ms}\n")
     print(table)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -237,7 +260,7 @@ def main(cfg: DictConfig) -> None:
     print(f"identical to eager AR on every prompt: {len(identical)} of {len(checks)}; "
           f"divergences that are not near-ties (gap >= {cfg.near_tie_gap}): {json.dumps(bugs) if bugs else 'none'}")
     out.write_text(json.dumps({"config": OmegaConf.to_container(cfg), "rows": rows, "divergence": checks,
-                               "table": table}, indent=1))
+                               "prefill_ms": prefill_ms, "table": table}, indent=1))
     if bugs:  # the figures are written; the exit status says the fast path is not exact
         raise SystemExit(f"fast path parts from eager AR where the eager logit gap is >= {cfg.near_tie_gap}: "
                          f"a bug, not a near-tie (see 'divergence' in {out})")

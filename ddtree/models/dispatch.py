@@ -1,9 +1,10 @@
-"""Which target class a model needs: the one place that chooses between the three.
+"""Which target class a model needs: the one place that chooses between the four.
 
-``HybridTarget`` for a model with Gated DeltaNet layers (its recurrent state must be committed
-explicitly); ``StaticTarget`` (static cache, CUDA graphs) for a dense full-attention model that
-sits on one GPU; ``HFTarget`` (eager, dynamic cache) for everything else. All three decode the
-same tokens; they differ in what they can serve and how fast.
+For a model with Gated DeltaNet layers (its recurrent state must be committed explicitly):
+``StaticHybridTarget`` (static slabs, CUDA graphs) when it sits on one GPU, else ``HybridTarget``.
+For a dense full-attention model: ``StaticTarget`` (static cache, CUDA graphs) on one GPU, else
+``HFTarget`` (eager, dynamic cache). All four decode the same tokens; they differ in what they
+can serve and how fast.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from ddtree.models.hybrid import GDN, HybridTarget
+from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.models.static_target import StaticTarget
 from ddtree.models.target import HFTarget, _text_config
 
@@ -37,24 +39,24 @@ def graphable(config) -> bool:
 
 
 def fast_path_fits(model: PreTrainedModel) -> bool:
-    """True when ``StaticTarget`` with CUDA graphs can serve the model: all of it on one CUDA
-    device, and ``graphable`` (``fast=true`` forces it anyway)."""
+    """True when a static target with CUDA graphs can serve the model: all of it on one CUDA
+    device, and a hybrid GDN model or ``graphable`` (``fast=true`` forces it anyway)."""
     devices = {p.device for p in model.parameters()}
-    return len(devices) == 1 and next(iter(devices)).type == "cuda" and graphable(_text_config(model))
+    one_cuda = len(devices) == 1 and next(iter(devices)).type == "cuda"
+    return one_cuda and (is_hybrid(model) or graphable(_text_config(model)))
 
 
 def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool | str = "auto") -> HFTarget:
-    """The target class a model needs: ``HybridTarget`` for a model with GDN layers; otherwise
-    ``StaticTarget`` (static cache, CUDA graphs) when ``fast`` is True, or "auto" and the model
-    fits it (``fast_path_fits``), else ``HFTarget``. Every choice decodes the same tokens.
+    """The target class a model needs: a static one (``StaticHybridTarget`` for a model with GDN
+    layers, else ``StaticTarget``) when ``fast`` is True, or "auto" and the model fits it
+    (``fast_path_fits``); otherwise ``HybridTarget`` or ``HFTarget``. Every choice decodes the same tokens.
 
     >>> target_for(tiny_hybrid_target()).__class__.__name__   # doctest: +SKIP
     'HybridTarget'
     """
     if fast not in (True, False, "auto"):
         raise ValueError(f"fast must be true, false or auto, got {fast!r}")
+    static = fast is True or (fast == "auto" and fast_path_fits(model))
     if is_hybrid(model):
-        return HybridTarget(model, max_length)
-    if fast is True or (fast == "auto" and fast_path_fits(model)):
-        return StaticTarget(model, max_length or STATIC_LENGTH)
-    return HFTarget(model, max_length)
+        return StaticHybridTarget(model, max_length or STATIC_LENGTH) if static else HybridTarget(model, max_length)
+    return StaticTarget(model, max_length or STATIC_LENGTH) if static else HFTarget(model, max_length)

@@ -1,4 +1,5 @@
-"""Fused RMSNorm, rotary embedding and SiLU-and-mul for a captured Qwen3/Llama verify forward.
+"""Fused RMSNorm, rotary embedding and SiLU-and-mul for a captured verify forward (Qwen3, Llama; the
+norms and MLPs of Qwen3.5/3.6 hybrids).
 
 Inside a CUDA graph the launches stay, only the CPU cost goes: an eager RMSNorm is ~7 tiny
 kernels (to float32, pow, mean, add eps, rsqrt, mul, to dtype, mul weight), the rotary embedding
@@ -37,6 +38,14 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
     ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "LlamaMLP", "LlamaAttention"),
 )
 ROTARY_GLOBAL = "apply_rotary_pos_emb"
+# Qwen3.5/3.6 (hybrid GDN) parts: norms of their own formulas, each with its fused twin below, and
+# the stock SiLU MLP. Their partial rotary keeps the stock function.
+QWEN35 = "transformers.models.qwen3_5.modeling_qwen3_5"
+OTHER_NORMS: tuple[tuple[str, str, str], ...] = (  # (module, class, fused function name)
+    (QWEN35, "Qwen3_5RMSNorm", "rms_norm_offset"),
+    (QWEN35, "Qwen3_5RMSNormGated", "rms_norm_gated"),
+)
+OTHER_MLPS: tuple[tuple[str, str], ...] = ((QWEN35, "Qwen3_5MLP"),)
 
 
 # -- the stock math, as free functions -------------------------------------------------------
@@ -48,6 +57,22 @@ def rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
     variance = hidden.pow(2).mean(-1, keepdim=True)
     hidden = hidden * torch.rsqrt(variance + eps)
     return weight * hidden.to(input_dtype)
+
+
+def rms_norm_offset(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """``Qwen3_5RMSNorm`` (zero-centred weight): normalise and scale by ``1 + w`` in float32, then cast."""
+    out = hidden.float()
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + weight.float())).type_as(hidden)
+
+
+def rms_norm_gated(hidden: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """``Qwen3_5RMSNormGated`` (the GDN output norm): RMSNorm, scale, then times SiLU of the gate."""
+    input_dtype = hidden.dtype
+    out = hidden.to(torch.float32)
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * out.to(input_dtype)
+    return (out * F.silu(gate.to(torch.float32))).to(input_dtype)
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
@@ -102,6 +127,9 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     compiled(silu_mul)(x, x)
     q, cos = torch.ones(1, 2, 2, 8, dtype=dtype, device=device), torch.ones(1, 2, 8, dtype=dtype, device=device)
     compiled(rotary)(q, q, cos, cos)  # q, k [b, heads, n, head_dim]; cos, sin [b, n, head_dim]
+    w = torch.ones(8, dtype=dtype, device=device)
+    compiled(rms_norm_offset)(x, w, 1e-6)
+    compiled(rms_norm_gated)(x, x, w, 1e-6)
 
 
 # -- reversible attribute patches --------------------------------------------------------------
@@ -150,6 +178,22 @@ def _family_classes() -> list[tuple[Any, type, type, type]]:
         except (ImportError, AttributeError):
             continue
     return found
+
+
+def _other_classes() -> tuple[dict[type, str], set[type]]:
+    """The ``OTHER_NORMS`` classes found (class -> fused function name) and the ``OTHER_MLPS``."""
+    norms, mlps = {}, set()
+    for module_name, cls, fn in OTHER_NORMS:
+        try:
+            norms[getattr(importlib.import_module(module_name), cls)] = fn
+        except (ImportError, AttributeError):
+            continue
+    for module_name, cls in OTHER_MLPS:
+        try:
+            mlps.add(getattr(importlib.import_module(module_name), cls))
+        except (ImportError, AttributeError):
+            continue
+    return norms, mlps
 
 
 def _silu_types() -> tuple[type, ...]:
@@ -229,6 +273,18 @@ def _norm_forward(module: nn.Module, fn: Callable) -> Callable:
     return forward
 
 
+def _other_norm_forward(module: nn.Module, fn: Callable, gated: bool) -> Callable:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if gated:
+        def gated_forward(hidden_states: Tensor, gate: Tensor) -> Tensor:
+            return fn(hidden_states, gate, module.weight, eps)
+        return gated_forward
+
+    def forward(hidden_states: Tensor) -> Tensor:
+        return fn(hidden_states, module.weight, eps)
+    return forward
+
+
 def _mlp_forward(module: nn.Module, fn: Callable) -> Callable:
     def forward(x: Tensor) -> Tensor:
         return module.down_proj(fn(module.gate_proj(x), module.up_proj(x)))
@@ -237,7 +293,8 @@ def _mlp_forward(module: nn.Module, fn: Callable) -> Callable:
 
 @contextlib.contextmanager
 def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
-    """Run ``model``'s Qwen3/Llama RMSNorms, SiLU MLPs and rotary embedding through the fused functions.
+    """Run ``model``'s RMSNorms, SiLU MLPs and rotary embedding (Qwen3/Llama; Qwen3.5 norms and MLPs)
+    through the fused functions.
 
     Sets instance ``forward`` attributes on the matching submodules (exact class, so subclasses
     and other norms are untouched): norms and MLPs call the fused functions; attention modules
@@ -258,13 +315,18 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
     owner = object()
     families = _family_classes()
     norm_types = {norm for _, norm, _, _ in families}
-    mlp_types = {mlp for _, _, mlp, _ in families}
+    other_norms, other_mlps = _other_classes()
+    mlp_types = {mlp for _, _, mlp, _ in families} | other_mlps
     silu = _silu_types()
     patched = 0
     try:
         for m in model.modules():
             if type(m) in norm_types:
                 _push(m, "forward", _norm_forward(m, norm_fn), owner)
+                patched += 1
+            elif type(m) in other_norms:
+                name = other_norms[type(m)]
+                _push(m, "forward", _other_norm_forward(m, wrap(globals()[name]), name == "rms_norm_gated"), owner)
                 patched += 1
             elif type(m) in mlp_types and type(getattr(m, "act_fn", None)) in silu:
                 _push(m, "forward", _mlp_forward(m, mlp_fn), owner)

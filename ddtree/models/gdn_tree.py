@@ -33,7 +33,7 @@ def ancestor_matrix(parents: Tensor) -> Tensor:  # [n, n] bool
     """``anc[i, j]`` is True when j is i or an ancestor of i.
 
     Built by pointer doubling (row i |= row of its 2^s-th ancestor), so the number of steps is
-    ceil(log2 n) with no data-dependent control flow and no host sync (graph capture untested).
+    ceil(log2 n) with no data-dependent control flow and no host sync: it is captured in CUDA graphs.
 
     >>> ancestor_matrix(torch.tensor([-1, 0, 0, 1])).int()[3].tolist()
     [1, 1, 0, 1]
@@ -43,15 +43,15 @@ def ancestor_matrix(parents: Tensor) -> Tensor:  # [n, n] bool
     # Index n is a sentinel "above the prefix": its row is empty and it is its own ancestor.
     jump = torch.where(parents < 0, n, parents).long()
     jump = torch.cat([jump, torch.full((1,), n, dtype=torch.long, device=device)])  # [n + 1]
-    anc = torch.zeros(n + 1, n, dtype=torch.bool, device=device)
-    anc[torch.arange(n, device=device), torch.arange(n, device=device)] = True
+    # No index assignment of a Python constant: inside a CUDA graph capture that is a host copy.
+    anc = torch.cat([torch.eye(n, dtype=torch.bool, device=device), torch.zeros(1, n, dtype=torch.bool, device=device)])
     for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
         anc = anc | anc[jump]  # now covers distances < 2^(s+1)
         jump = jump[jump]
     return anc[:n]
 
 
-def _conv_taps(parents: Tensor, kernel_size: int) -> Tensor:  # [n, K] long
+def conv_taps(parents: Tensor, kernel_size: int) -> Tensor:  # [n, K] long
     """Rows of ``[conv_window^T ; x]`` that node i's conv reads, oldest tap first.
 
     Rows 0..K-1 are the window columns, row K + i is node i. Walking up one step from a node
@@ -70,12 +70,31 @@ def _conv_taps(parents: Tensor, kernel_size: int) -> Tensor:  # [n, K] long
     return torch.stack(taps[::-1], dim=1)
 
 
+@dataclass(frozen=True)
+class TreeTables:
+    """What every GDN layer of one tree forward reads about the tree: built once per forward,
+    not once per layer (on a 48-GDN-layer model the rebuilt tables cost more than the math).
+
+    >>> TreeTables.of(torch.tensor([-1, 0, 0]), kernel_size=4).taps.shape
+    torch.Size([3, 4])
+    """
+
+    parents: Tensor  # [n] long
+    anc: Tensor  # [n, n] bool, ``ancestor_matrix(parents)``
+    taps: Tensor  # [n, K] long, ``conv_taps(parents, K)``
+
+    @classmethod
+    def of(cls, parents: Tensor, kernel_size: int) -> "TreeTables":
+        return cls(parents, ancestor_matrix(parents), conv_taps(parents, kernel_size))
+
+
 def tree_causal_conv1d(
     x: Tensor,  # [n, C] pre-conv inputs (in_proj_qkv output) of the tree nodes
     parents: Tensor,  # [n] long
     conv_window: Tensor,  # [C, K] committed window, transformers layout
     weight: Tensor,  # [C, K] depthwise kernel, conv1d.weight[:, 0, :]
     bias: Tensor | None = None,  # [C]
+    taps: Tensor | None = None,  # [n, K] long, ``conv_taps(parents, K)`` when built once per round
 ) -> Tensor:  # [n, C]
     """Depthwise causal conv of every node over its root path, then SiLU (as the GDN layer).
 
@@ -90,8 +109,9 @@ def tree_causal_conv1d(
     k = weight.shape[-1]
     acc = torch.promote_types(weight.dtype, torch.float32)
     rows = torch.cat([conv_window.transpose(0, 1), x], dim=0).to(weight.dtype)  # [K + n, C]
-    window = rows[_conv_taps(parents, k)]  # [n, K, C]
-    out = torch.einsum("nkc,ck->nc", window.to(acc), weight.to(acc))
+    window = rows[conv_taps(parents, k) if taps is None else taps]  # [n, K, C]
+    # A product and a sum over the K taps (one fused kernel when compiled), not a batched GEMV per channel.
+    out = (window.to(acc) * weight.to(acc).transpose(0, 1)).sum(dim=1)
     if bias is not None:
         out = out + bias.to(acc)
     return F.silu(out.to(weight.dtype)).to(x.dtype)
@@ -135,6 +155,7 @@ def solve_tree_delta_rule(
     beta: Tensor,  # [n, H]
     parents: Tensor,  # [n] long
     initial_state: Tensor | None = None,  # [H, dk, dv]; None means zeros (empty prefix)
+    anc: Tensor | None = None,  # [n, n] bool, ``ancestor_matrix(parents)`` when built once per round
 ) -> DeltaTreeResult:
     """Gated delta rule over a tree, all nodes at once (tree form of the chunked WY solve).
 
@@ -152,6 +173,15 @@ def solve_tree_delta_rule(
     ``anc`` is lower-triangular because parents precede children, so one triangular solve gives
     every u_i; u_i depends only on i's own path, hence is the same in every descendant's context.
     """
+    out, keys, updates, log_decay, s0 = delta_rule_tensors(q, k, v, g, beta, parents, initial_state, anc)
+    return DeltaTreeResult(out=out, keys=keys, updates=updates, log_decay=log_decay, initial_state=s0)
+
+
+def delta_rule_tensors(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor | None,
+                       initial_state: Tensor | None = None, anc: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``solve_tree_delta_rule`` as a tuple of tensors (out, keys, updates, log_decay, initial_state),
+    for callers that compile it; ``parents`` may be None when ``anc`` is given."""
     n, num_k_heads, dk = k.shape
     num_heads = v.shape[1]
     dtype = torch.promote_types(v.dtype, torch.float32)
@@ -168,7 +198,7 @@ def solve_tree_delta_rule(
     else:
         s0 = initial_state.to(dtype)
 
-    anc = ancestor_matrix(parents)  # [n, n]
+    anc = ancestor_matrix(parents) if anc is None else anc  # [n, n]
     gamma = (anc.to(dtype) @ g.to(dtype)).transpose(0, 1)  # [H, n]
     # Exponent only where anc is set: there gamma_i - gamma_j <= 0, elsewhere it could overflow.
     decay = (gamma[:, :, None] - gamma[:, None, :]).masked_fill(~anc, float("-inf")).exp()  # [H, n, n]
@@ -179,13 +209,7 @@ def solve_tree_delta_rule(
     # unitriangular: the solve treats the diagonal as 1, i.e. solves (I + system) U = rhs.
     u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     out = scale * (qh @ s0) + ((qh @ kh.transpose(-1, -2)) * decay) @ u  # [H, n, dv]
-    return DeltaTreeResult(
-        out=out.transpose(0, 1),
-        keys=kh.transpose(0, 1),
-        updates=u.transpose(0, 1),
-        log_decay=gamma.transpose(0, 1),
-        initial_state=s0,
-    )
+    return out.transpose(0, 1), kh.transpose(0, 1), u.transpose(0, 1), gamma.transpose(0, 1), s0
 
 
 def tree_gated_delta_rule(

@@ -22,11 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree.models import fused
 from ddtree.models.gdn_tree import (
     DeltaTreeResult,
+    TreeTables,
     commit_conv_window,
     commit_delta_state,
-    solve_tree_delta_rule,
+    delta_rule_tensors,
     tree_causal_conv1d,
 )
 
@@ -90,6 +92,8 @@ def gdn_tree_forward(
     hidden_states: Tensor,  # [1, n, D] input of linear_attn (after input_layernorm)
     parents: Tensor,  # [n] long, parents[i] < i, -1 for the root
     state: GDNState | None,  # committed state; None for an empty prefix
+    tables: TreeTables | None = None,  # the tree's tables when built once for all layers
+    fuse: bool = False,  # run the mixing steps as torch.compiled kernels (``tree_mix``)
 ) -> tuple[Tensor, GDNTreeVerify]:  # [1, n, D]
     """Output of a ``Qwen3_5GatedDeltaNet`` for every tree node, each seeing only its root path.
 
@@ -116,17 +120,48 @@ def gdn_tree_forward(
     z = module.in_proj_z(hidden_states)[0].reshape(n, h, dv)
     beta = module.in_proj_b(hidden_states)[0].sigmoid()  # [n, H]
     a = module.in_proj_a(hidden_states)[0]  # [n, H]
-    compute = torch.promote_types(a.dtype, torch.float32)
-    g = -module.A_log.to(compute).exp() * F.softplus(a.to(compute) + module.dt_bias)  # [n, H]
-
-    mixed = tree_causal_conv1d(x, parents, window, weight, module.conv1d.bias)  # [n, C]
-    q, k, v = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
-    delta = solve_tree_delta_rule(
-        q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, h, dv), g, beta, parents, initial
+    if tables is None:
+        tables = TreeTables.of(parents, module.conv_kernel_size)
+    if initial is None:
+        initial = torch.zeros(h, dk, dv, dtype=torch.promote_types(dtype, torch.float32), device=x.device)
+    mix = fused.compiled(tree_mix) if fuse else tree_mix
+    out, keys, updates, log_decay, s0 = mix(
+        x, a, beta, module.A_log, module.dt_bias, window, weight, module.conv1d.bias, initial, tables.taps,
+        tables.anc, module.key_dim, module.value_dim, dk,
     )
+    delta = DeltaTreeResult(out=out, keys=keys, updates=updates, log_decay=log_decay, initial_state=s0)
     core = module.norm(delta.out.to(dtype).reshape(-1, dv), z.reshape(-1, dv))  # [n * H, dv]
     out = module.out_proj(core.reshape(1, n, h * dv))
     return out, GDNTreeVerify(conv_inputs=x, conv_window=window, delta=delta)
+
+
+def tree_mix(
+    x: Tensor,  # [n, C] pre-conv inputs
+    a: Tensor,  # [n, H] in_proj_a output
+    beta: Tensor,  # [n, H]
+    a_log: Tensor,  # [H]
+    dt_bias: Tensor,  # [H]
+    window: Tensor,  # [C, K] committed conv window
+    weight: Tensor,  # [C, K] depthwise kernel
+    bias: Tensor | None,  # [C]
+    initial: Tensor,  # [H, dk, dv] committed recurrent state
+    taps: Tensor,  # [n, K] ``conv_taps``
+    anc: Tensor,  # [n, n] ``ancestor_matrix``
+    key_dim: int,
+    value_dim: int,
+    dk: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # out [n, H, dv], keys, updates, log_decay, S0
+    """A GDN layer's two sequence-mixing steps over a tree, between its projections and its gated
+    norm: the decay g, the tree conv, then the tree delta rule. Tensors in and out only, so that
+    ``torch.compile`` can fuse its elementwise work (on a 48-GDN-layer model at batch 1 the many
+    tiny kernels of the eager form cost more than its arithmetic)."""
+    n, h = a.shape
+    compute = torch.promote_types(a.dtype, torch.float32)
+    g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
+    mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
+    q, k, v = torch.split(mixed, [key_dim, key_dim, value_dim], dim=-1)
+    return delta_rule_tensors(q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, h, -1), g, beta, None,
+                              initial, anc)
 
 
 def commit_gdn_path(

@@ -33,6 +33,72 @@ def random_qwen3(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfl
     return model.eval()
 
 
+# Qwen3.6-27B: 64 layers, every 4th full attention (gated, partial rotary), the rest Gated DeltaNet.
+HYBRID = {
+    "qwen3.6-27b": dict(
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    ),
+}
+
+
+def hybrid_config(num_hidden_layers: int, **geometry):
+    """A ``Qwen3_5TextConfig`` of the given sizes, with Qwen3.6's layer pattern and rotary."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        num_hidden_layers=num_hidden_layers, max_position_embeddings=262144, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_hidden_layers)],
+        attn_implementation="sdpa", **geometry,
+    )
+
+
+def random_hybrid(name: str | None = None, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                  **sizes):
+    """A Qwen3.5-layout hybrid causal LM with random weights, allocated directly on ``device``.
+
+    ``name`` picks a geometry of ``HYBRID``; ``sizes`` override its fields (``num_hidden_layers``
+    for a shrunk stack). The slow Transformers init is skipped for one in-place fill per tensor
+    (``fill_random_``): seconds for 55 GB on a GPU.
+    """
+    from transformers import Qwen3_5ForCausalLM
+    from transformers.initialization import no_init_weights
+
+    if name is not None and name not in HYBRID:
+        raise ValueError(f"unknown hybrid geometry {name!r}; known: {sorted(HYBRID)}")
+    geometry = {**(HYBRID[name] if name else {}), **sizes}
+    config = hybrid_config(**geometry)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device), no_init_weights():
+            model = Qwen3_5ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    fill_random_(model, seed)
+    return model.eval()
+
+
+@torch.no_grad()
+def fill_random_(model, seed: int) -> None:
+    """A finite random init that keeps GDN layers alive (moderate decays, O(1) conv)."""
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("A_log"):
+            param.uniform_(-3.0, 0.0, generator=gen)  # decays e^-0.05 .. e^-1 per token
+        elif name.endswith("dt_bias"):
+            param.normal_(0.0, 1.0, generator=gen)
+        elif name.endswith("conv1d.weight"):
+            param.normal_(0.0, 0.5, generator=gen)
+        elif param.ndim == 1:  # norms: linear_attn.norm is a plain w (ones), the others 1 + w (zeros)
+            param.fill_(1.0 if name.endswith("linear_attn.norm.weight") else 0.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+
+
 def random_dflash_for(model, num_layers: int = 5, block_size: int = 16, device: str = "cuda",
                       dtype: torch.dtype = torch.bfloat16) -> DFlashDraftModel:
     """A DFlash drafter shaped like the z-lab ones for ``model`` (5 layers, 5 target features)."""

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
+from ddtree.models.gdn_tree import TreeTables
 from ddtree.models.gdn_tree_layer import (
     GDNTreeVerify,
     commit_gdn_path,
@@ -123,10 +124,7 @@ class HybridTarget(HFTarget):
         if self._pending is None:
             raise RuntimeError("commit without a pending forward_tree: nothing to commit")
         path = [int(node) for node in path]
-        parents = self._pending_parents
-        for k, node in enumerate(path):
-            if not 0 <= node < len(parents) or parents[node] != (path[k - 1] if k else -1):
-                raise ValueError(f"path {path} is not a root path of the verified tree (parents {parents})")
+        self._check_path(path)
         on_device: dict[torch.device, Tensor] = {}  # one host-to-device copy per device, not per layer
         for i, verify in self._pending.items():
             device = verify.conv_inputs.device
@@ -135,6 +133,12 @@ class HybridTarget(HFTarget):
             write_gdn_state(self.cache, i, commit_gdn_path(verify, on_device[device]))
         self._pending = None
         super().commit(path)
+
+    def _check_path(self, path: list[int]) -> None:
+        parents = self._pending_parents
+        for k, node in enumerate(path):
+            if not 0 <= node < len(parents) or parents[node] != (path[k - 1] if k else -1):
+                raise ValueError(f"path {path} is not a root path of the verified tree (parents {parents})")
 
     # -- cache bookkeeping -------------------------------------------------------------------
     def _kv_layers(self) -> list:
@@ -177,7 +181,7 @@ def gdn_verify_mode(
     wrapper, e.g. an accelerate hook) are restored on exit, also after an exception.
     """
     saved: dict[int, object] = {}
-    on_device: dict[torch.device, Tensor] = {}  # the parents, copied once per device
+    on_device: dict[torch.device, TreeTables] = {}  # the tree's tables, once per device
     try:
         for i, module in modules.items():
             saved[i] = module.__dict__.get("forward")
@@ -206,10 +210,11 @@ def _tree_forward(module: nn.Module, layer_idx: int, cache, parents: Tensor, on_
         if layer_idx in stash:
             raise RuntimeError(f"GDN layer {layer_idx} ran twice in one tree forward")
         device = hidden_states.device
-        if device not in on_device:
-            on_device[device] = parents.to(device)
+        if device not in on_device:  # the tree's tables, built once per device, not once per layer
+            on_device[device] = TreeTables.of(parents.to(device), kernel_size)
+        tables = on_device[device]
         state = read_gdn_state(cache, layer_idx, kernel_size)
-        out, verify = gdn_tree_forward(module, hidden_states, on_device[device], state)
+        out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables)
         stash[layer_idx] = verify
         return out
 

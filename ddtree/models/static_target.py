@@ -33,6 +33,7 @@ from transformers.cache_utils import StaticLayer
 
 from ddtree.models import fused
 from ddtree.models.attention import use_folded_sdpa
+from ddtree.models.folded_mask import FoldedMasks
 from ddtree.models.target import HFTarget
 from ddtree.types import TargetOutput, VerifyInputs
 
@@ -75,8 +76,7 @@ class StaticTarget(HFTarget):
         self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
         self._probed = False  # whether the fused functions were compiled once (``_probe_compiler``)
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
-        self._masks: dict[tuple[int, int], Tensor] = {}  # (n, W) -> [1, 1, groups * n, W]
-        self._mask_past: dict[tuple[int, int], int] = {}  # (n, W) -> the prefix length its buffer was last written for
+        self.masks = FoldedMasks(self.groups, width_step, self.max_length, self.dtype, self.input_device)
         self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
         self._counters: list[Tensor] = []
 
@@ -126,58 +126,17 @@ class StaticTarget(HFTarget):
         ids = input_ids.reshape(1, -1)
         self.new_cache()
         self.past_length = 0
-        mask = self._prefill_mask(ids.shape[1])
+        mask = self.masks.prefill(ids.shape[1])
         out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
         self._check_cache()
         self.past_length = ids.shape[1]
         return out
 
-    def _width(self, total: int) -> int:
-        """Cache rows an attention reads for ``total`` live rows: rounded up to ``width_step``."""
-        return min(self.max_length, -(-total // self.width_step) * self.width_step)
-
-    def _prefill_mask(self, n: int) -> Tensor:
-        """A folded causal mask for a prompt of n tokens, in a buffer of its own: the verify buffer
-        of the same (n, W), if any, belongs to a graph that reads it."""
-        width, low = self._width(n), torch.finfo(self.dtype).min
-        buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
-        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=self.input_device))
-        buf.view(self.groups, n, width)[:, :, :n] = torch.where(causal, 0.0, low).to(self.dtype)
-        return buf
-
-    def _full_mask(self, n: int, tree_part: Tensor, past: int) -> Tensor:
-        """The folded ``[1, 1, groups * n, W]`` additive mask of a verify, in the (n, W) buffer kept
-        for it: prefix visible, the tree part as given (a bool ``[n, n]`` or a MaskCompiler's
-        additive ``[1, 1, n, past + n]``), rest hidden."""
-        width, low = self._width(past + n), torch.finfo(self.dtype).min
-        key = (n, width)
-        buf = self._masks.get(key)
-        if buf is None:
-            buf = torch.full((1, 1, self.groups * n, width), low, dtype=self.dtype, device=self.input_device)
-            self._masks[key], self._mask_past[key] = buf, 0
-        if tree_part.dtype == torch.bool:
-            block = torch.where(tree_part.to(buf.device), 0.0, low).to(self.dtype)
-        else:
-            block = tree_part[0, 0, :, past : past + n]
-        # Only what changed since this buffer's last use is written. Within a sequence the prefix
-        # only grows: the columns it gained (the last block's among them) become 0, the new block
-        # covers the rest of the last one, and the tail beyond it was already hidden.
-        rows = buf.view(self.groups, n, width)
-        last_past = self._mask_past[key]
-        if past >= last_past:
-            rows[:, :, last_past:past] = 0
-        else:  # a new sequence: rewrite the row in full
-            rows[:, :, :past] = 0
-            rows[:, :, past + n :] = low
-        rows[:, :, past : past + n] = block
-        self._mask_past[key] = past
-        return buf
-
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         n, past = inputs.input_ids.shape[1], inputs.past_length
         if past + n > self.max_length:
             raise ValueError(f"verify of {n} tokens after {past} exceeds the static cache of {self.max_length} rows")
-        mask = self._full_mask(n, inputs.attention_mask, past)
+        mask = self.masks.verify(n, inputs.attention_mask, past)
         if not self.cuda_graphs:
             return self._forward(inputs.input_ids, inputs.position_ids, mask, logits_to_keep=0)
         key = (n, mask.shape[-1])

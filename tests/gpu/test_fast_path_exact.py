@@ -13,13 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree import SpeculativeEngine
-from ddtree.drafters import DFlashDrafter, NullDrafter
-from ddtree.masks import DenseMaskCompiler
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import ReplayDrafter, greedy_reference, tiny_dflash, tiny_target
-from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
-from ddtree.verifiers import GreedyVerifier
+from ddtree.testing import check_budget_sequence, greedy_reference, tiny_dflash, tiny_target
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -44,28 +39,9 @@ def setup():
     return model, prompts, refs, dflash
 
 
-def _engine(setup, target, drafter_kind: str, budget) -> SpeculativeEngine:
-    model, prompts, refs, dflash = setup
-    if budget == "ar":
-        drafter, tree = NullDrafter(), ChainTreeBuilder()
-    else:
-        tree = ChainTreeBuilder() if budget == "chain" else BestFirstTreeBuilder(budget)
-        if drafter_kind == "replay":
-            drafter = ReplayDrafter([p.tolist() + r for p, r in zip(prompts, refs)], VOCAB, depth=BLOCK - 1,
-                                    hidden_layers=(1, 2))
-        else:
-            drafter = DFlashDrafter(dflash, target, BLOCK, max_length=512, cuda_graphs=drafter_kind == "dflash-graph")
-    return SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
-
-
 def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
-    _, prompts, refs, _ = setup
-    for budget in budgets:
-        engine = _engine(setup, target, drafter_kind, budget)
-        for prompt, ref in zip(prompts, refs):
-            tokens = engine.generate(prompt, max_new_tokens=NEW).tokens
-            assert tokens == ref[:NEW], f"budget {budget}, prompt of {prompt.numel()} tokens: parts at " \
-                f"{next(i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b)}"
+    model, prompts, refs, dflash = setup
+    check_budget_sequence(target, budgets, drafter_kind, prompts, refs, dflash, NEW, VOCAB, BLOCK)
 
 
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))

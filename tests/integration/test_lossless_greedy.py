@@ -12,6 +12,7 @@ from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, target_for
+from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.testing import greedy_reference, tiny_dflash
 from ddtree.trees import BestFirstTreeBuilder, CalibratedTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
@@ -49,12 +50,17 @@ def _strategies(model, target):
 
 
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)
-@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen35"])  # qwen35: the Gated DeltaNet hybrid
+# qwen35: the Gated DeltaNet hybrid (HybridTarget); qwen35-static: the same over static slabs
+# (StaticHybridTarget, the hybrid fast path without graphs).
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen35", "qwen35-static"])
 def test_every_strategy_equals_target_greedy(tiny_models, family, length):
-    model = tiny_models[family]
+    model = tiny_models[family.removesuffix("-static")]
     prompt = _prompt(length, seed=length)
     expected = _greedy_reference(model, prompt)
-    target = target_for(model)  # HybridTarget for the hybrid, HFTarget otherwise
+    if family.endswith("-static"):
+        target = StaticHybridTarget(model, max_length=512, cuda_graphs=False, width_step=16)
+    else:
+        target = target_for(model)  # HybridTarget for the hybrid, HFTarget otherwise
     taus = {}
     for name, drafter, tree in _strategies(model, target):
         engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())

@@ -5,6 +5,7 @@ from transformers import Qwen3Config, Qwen3MoeConfig
 
 from ddtree.models import HFTarget, HybridTarget, target_for
 from ddtree.models.dispatch import STATIC_LENGTH, graphable, is_hybrid
+from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.models.static_target import StaticTarget
 
 
@@ -15,7 +16,9 @@ def test_target_for_picks_the_fast_path_only_where_it_fits(tiny_models):
     static = target_for(plain, fast=True)
     assert type(static) is StaticTarget and not static.cuda_graphs and static.max_length == STATIC_LENGTH
     assert type(target_for(plain, max_length=64, fast=True)) is StaticTarget
-    assert type(target_for(hybrid, fast=True)) is HybridTarget  # GDN state has no static cache
+    assert type(target_for(hybrid, fast="auto")) is HybridTarget
+    fast_hybrid = target_for(hybrid, fast=True)  # GDN state in static slabs, no graphs on a CPU
+    assert type(fast_hybrid) is StaticHybridTarget and not fast_hybrid.cuda_graphs
     with pytest.raises(ValueError, match="fast must be true, false or auto"):
         target_for(plain, fast="yes")
 

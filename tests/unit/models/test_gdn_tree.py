@@ -32,6 +32,7 @@ from ddtree.models.gdn_tree_layer import (
     read_gdn_state,
     write_gdn_state,
 )
+from ddtree.testing import delta_step, per_node_delta_rule, prepare_qk
 
 DT = torch.float64
 
@@ -83,20 +84,6 @@ def path_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias=
     return torch.stack(outs), window
 
 
-def delta_step(s, q, k, v, g, beta):
-    """One token of the gated delta rule per head; q, k already normalised and repeated."""
-    s = s * g.exp()[:, None, None]
-    delta = (v - torch.einsum("hkv,hk->hv", s, k)) * beta[:, None]
-    s = s + k[:, :, None] * delta[:, None, :]
-    return torch.einsum("hkv,hk->hv", s, q), s
-
-
-def prepare_qk(q, k, num_heads):
-    rep = num_heads // q.shape[1]
-    q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
-    return l2norm(q) * q.shape[-1] ** -0.5, l2norm(k)
-
-
 def path_delta_rule(q, k, v, g, beta, s0):
     """Sequential recurrence along one path: outputs [p, H, dv], final state [H, dk, dv]."""
     q, k = prepare_qk(q, k, v.shape[1])
@@ -105,18 +92,6 @@ def path_delta_rule(q, k, v, g, beta, s0):
         o, s = delta_step(s, q[t], k[t], v[t], g[t], beta[t])
         outs.append(o)
     return torch.stack(outs), s
-
-
-def per_node_delta_rule(q, k, v, g, beta, parents, s0):
-    """Reference semantics: node i starts from its parent's state (a root from s0)."""
-    q, k = prepare_qk(q, k, v.shape[1])
-    states, outs = [], []
-    for i in range(q.shape[0]):
-        start = s0 if parents[i] < 0 else states[int(parents[i])]
-        o, s = delta_step(start, q[i], k[i], v[i], g[i], beta[i])
-        states.append(s)
-        outs.append(o)
-    return torch.stack(outs)
 
 
 def random_gdn_inputs(n: int, seed: int, hk: int = 2, h: int = 4, dk: int = 8, dv: int = 6):

@@ -7,14 +7,14 @@ import inspect
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import ddtree.models.hybrid as hybrid
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, HybridTarget
 from ddtree.models import target_for
-from ddtree.testing import tiny_hybrid_target, tiny_target
+from ddtree.testing import conditional_generation_twin, tiny_hybrid_target, tiny_target
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft
 
@@ -32,12 +32,7 @@ def model():
 @pytest.fixture(scope="module")
 def nested_model(model):
     """The same text weights inside a Qwen3_5ForConditionalGeneration (model.model.language_model)."""
-    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64, patch_size=4,
-                  temporal_patch_size=1)
-    wrapped = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=model.config.to_dict(), vision_config=vision))
-    wrapped.model.language_model.load_state_dict(model.model.state_dict())
-    wrapped.lm_head.load_state_dict(model.lm_head.state_dict())
-    return wrapped.eval()
+    return conditional_generation_twin(model)
 
 
 def _tree(vocab, seed, budget=20, depth=5, chain=False):

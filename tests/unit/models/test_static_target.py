@@ -128,7 +128,7 @@ def test_folded_mask_written_incrementally_equals_a_fresh_one(tiny_models, steps
     for n, grow, restart in steps:
         past = 0 if restart else min(past + grow, 128 - n)
         block = torch.rand(n, n, generator=torch.Generator().manual_seed(n + past)) < 0.5
-        mask = target._full_mask(n, block, past)
+        mask = target.masks.verify(n, block, past)
         width = mask.shape[-1]
         want = torch.full((n, width), low)
         want[:, :past] = 0
@@ -144,10 +144,10 @@ def test_a_prefill_as_long_as_a_verify_leaves_that_verify_buffer_alone(tiny_mode
     drafter = ReplayDrafter([prompt.tolist() + greedy_reference(tiny_models["qwen3"], prompt, 16)], 96, depth=4)
     engine = SpeculativeEngine(target, drafter, BestFirstTreeBuilder(4), DenseMaskCompiler(), GreedyVerifier())
     engine.generate(prompt, max_new_tokens=8)  # the first verify: 5 tokens after 6, a (5, 16) buffer
-    buffers = dict(target._masks)
+    buffers = dict(target.masks._buffers)
     contents = {key: buf.clone() for key, buf in buffers.items()}
     with torch.inference_mode():
         target.prefill(torch.arange(5, 10))  # 5 tokens: the verify size of budget 4
-    assert (5, 16) in buffers and target._masks.keys() == buffers.keys()
+    assert (5, 16) in buffers and target.masks._buffers.keys() == buffers.keys()
     for key, buf in buffers.items():
-        assert target._masks[key] is buf and torch.equal(buf, contents[key])
+        assert target.masks._buffers[key] is buf and torch.equal(buf, contents[key])

@@ -1,0 +1,313 @@
+"""A hybrid GDN / attention target (Qwen3.5, Qwen3.6) over static buffers, CUDA-graphed per verify size.
+
+``HybridTarget`` is exact but eager: at batch 1 its rounds are launch-bound, and a dynamic cache
+cannot be captured. Here every piece of sequence state lives in a buffer allocated once:
+
+- attention K/V: ``keys``/``values`` ``[A, kv_heads, max_length, head_dim]``, one slab for all A
+  attention layers; a verify of n tokens after P writes rows P..P+n-1 through ``index_copy_`` at a
+  device row index, and the commit moves the accepted rows to P..P+a-1 (two copies in all);
+- GDN conv windows ``[G, C, K]`` (model dtype) and recurrent states ``[G, H, dk, dv]`` (float32),
+  one slab each for all G GDN layers.
+
+A verify never writes the GDN slabs (each node sees only its root path, ``gdn_tree_forward``); it
+leaves, per GDN layer, what the commit needs in a stash ``[G, n, ...]``, and the commit updates
+all G layers with a handful of batched ops. The tree's tables (ancestor matrix, conv taps) are
+built once per verify from the parents, on the device, not once per layer. The prompt goes
+through the model's own forward (Transformers' GDN kernels, flash-linear-attention's where
+installed) on a dynamic cache that is then copied into the slabs, so prefill is what the eager
+target computes.
+
+With ``fuse`` (on with graphs) the GDN mixing steps (``tree_mix``) and the Qwen3.5 norms and MLPs run as
+``torch.compile``d kernels (``ddtree.models.fused``). With CUDA graphs, one graph is kept per (n, W) as in ``StaticTarget``: its inputs (ids,
+positions, K/V rows, parents) are copied into its buffers and the mask rewritten in place before
+each replay, and every state slab it reads is only ever updated in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from ddtree.models import fused
+from ddtree.models.attention import use_folded_sdpa
+from ddtree.models.folded_mask import FoldedMasks
+from ddtree.models.gdn_tree import TreeTables
+from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix
+from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget
+from ddtree.types import TargetOutput, VerifyInputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GDNStash:
+    """What a verify of n nodes leaves for the commit, for all G GDN layers at once."""
+
+    conv_inputs: Tensor  # [G, n, C] pre-conv inputs, model dtype
+    keys: Tensor  # [G, n, H, dk] l2-normalised keys, compute dtype
+    updates: Tensor  # [G, n, H, dv] the delta each node writes
+    log_decay: Tensor  # [G, n, H] summed log decay along each node's root path
+
+    @classmethod
+    def empty(cls, g: int, n: int, module: nn.Module, dtype: torch.dtype, compute: torch.dtype,
+              device: torch.device) -> "GDNStash":
+        h, dk, dv = module.num_v_heads, module.head_k_dim, module.head_v_dim
+        return cls(
+            conv_inputs=torch.zeros(g, n, module.conv_dim, dtype=dtype, device=device),
+            keys=torch.zeros(g, n, h, dk, dtype=compute, device=device),
+            updates=torch.zeros(g, n, h, dv, dtype=compute, device=device),
+            log_decay=torch.zeros(g, n, h, dtype=compute, device=device),
+        )
+
+
+class StaticKV:
+    """The attention layers' K/V slab, as the cache object a Transformers attention module updates.
+
+    ``update`` writes the new rows at ``rows`` (a device index set before each verify) and returns
+    the whole slab of that layer; the folded SDPA reads the first W rows, the mask hides the rest.
+    """
+
+    def __init__(self, keys: Tensor, values: Tensor, slots: dict[int, int]) -> None:
+        self.keys, self.values, self.slots = keys, values, slots  # [A, kv_heads, L, d] each
+        self.rows: Tensor | None = None  # [n] long
+        self.length = 0
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        slot = self.slots[layer_idx]
+        self.keys[slot].index_copy_(1, self.rows, key[0])  # key [1, kv_heads, n, d]
+        self.values[slot].index_copy_(1, self.rows, value[0])
+        return self.keys[slot][None], self.values[slot][None]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+
+@dataclass(frozen=True)
+class _VerifyGraph:
+    """One captured verify of n tokens over W cache rows and the buffers it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    ids: Tensor  # [1, n]
+    positions: Tensor  # [1, n]
+    rows: Tensor  # [n]
+    parents: Tensor  # [n]
+    mask: Tensor  # [1, 1, groups * n, W]
+    logits: Tensor
+    taps: Tensor | None
+    stash: GDNStash
+
+
+class StaticHybridTarget(HybridTarget):
+    """``HybridTarget`` over static slabs, optionally CUDA-graphed; decodes the same tokens.
+
+    ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device. On the CPU
+    (``cuda_graphs=False``) it runs the same buffers eagerly, which is how CPU tests check it.
+
+    >>> target = StaticHybridTarget(model, max_length=8192)     # doctest: +SKIP
+    """
+
+    def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
+                 width_step: int = 256, fuse: bool | None = None) -> None:
+        super().__init__(model, max_length)
+        devices = {p.device for p in model.parameters()}
+        if len(devices) != 1:
+            raise ValueError(
+                f"StaticHybridTarget keeps its state slabs on one device; the model spans {sorted(map(str, devices))}. "
+                "Use HybridTarget for a model split over devices"
+            )
+        device = next(iter(devices))
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
+        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
+        self._probed = False
+        use_folded_sdpa(model)
+        cfg = self.config
+        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.masks = FoldedMasks(self.groups, width_step, self.max_length, self.dtype, device)
+        self.attention_layers = [i for i, kind in enumerate(self.layer_types) if kind == ATTENTION]
+        self.gdn_layers = sorted(self.gdn_modules)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        slab = (len(self.attention_layers), cfg.num_key_value_heads, self.max_length, head_dim)
+        self.keys = torch.zeros(slab, dtype=self.dtype, device=device)
+        self.values = torch.zeros(slab, dtype=self.dtype, device=device)
+        first = self.gdn_modules[self.gdn_layers[0]]
+        self.kernel_size = first.conv_kernel_size
+        self.compute_dtype = torch.promote_types(self.dtype, torch.float32)
+        g = len(self.gdn_layers)
+        self.conv = torch.zeros(g, first.conv_dim, self.kernel_size, dtype=self.dtype, device=device)
+        self.recurrent = torch.zeros(g, first.num_v_heads, first.head_k_dim, first.head_v_dim,
+                                     dtype=self.compute_dtype, device=device)
+        self.kv = StaticKV(self.keys, self.values, {layer: a for a, layer in enumerate(self.attention_layers)})
+        self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
+        self._stash: GDNStash | None = None
+
+    def set_taps(self, layers: Sequence[int]) -> None:
+        if tuple(layers) != self._taps:
+            self._graphs.clear()  # a graph replays the taps it was recorded with
+        super().set_taps(layers)
+
+    # -- prefill: the model's own forward, then into the slabs ---------------------------------
+    def prefill(self, input_ids: Tensor) -> TargetOutput:
+        ids = input_ids.reshape(1, -1)
+        if ids.shape[1] > self.max_length:
+            raise ValueError(
+                f"the prompt has {ids.shape[1]} tokens, more than the static cache's {self.max_length} rows: "
+                "raise max_length"
+            )
+        out = super().prefill(ids)  # a DynamicCache, exactly as HybridTarget fills it
+        length = ids.shape[1]
+        for slot, layer in enumerate(self.attention_layers):
+            self.keys[slot, :, :length] = self.cache.layers[layer].keys[0]
+            self.values[slot, :, :length] = self.cache.layers[layer].values[0]
+        for slot, layer in enumerate(self.gdn_layers):
+            state = read_gdn_state(self.cache, layer, self.kernel_size)
+            self.conv[slot].copy_(state.conv_window)
+            self.recurrent[slot].copy_(state.recurrent_state)
+        self.cache, self.kv.length = self.kv, length  # the dynamic cache is dropped
+        return out
+
+    # -- verify -------------------------------------------------------------------------------
+    def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
+        """Logits ``[n, vocab]`` (and taps) for every node; no committed state is changed."""
+        if self.cache is not self.kv:
+            raise RuntimeError("forward_tree before prefill: there is no committed prefix to verify against")
+        if self._pending is not None:
+            raise RuntimeError("forward_tree called twice without commit: the first tree is still pending")
+        n, past = inputs.input_ids.shape[1], inputs.past_length
+        if past != self.past_length:
+            raise ValueError(f"the tree was laid out after {past} tokens, the cache holds {self.past_length}")
+        if past + n > self.max_length:
+            raise ValueError(f"verify of {n} tokens after {past} exceeds the static cache of {self.max_length} rows")
+        mask = self.masks.verify(n, inputs.attention_mask, past)
+        device = self.keys.device
+        rows = torch.arange(past, past + n, device=device)
+        if not self.cuda_graphs:
+            out, stash = self._verify(inputs.input_ids.to(device), inputs.position_ids.to(device), rows,
+                                      inputs.parents.to(device), mask)
+        else:
+            key = (n, mask.shape[-1])
+            if key not in self._graphs:
+                self._graphs[key] = self._record_graph(n, mask)
+            rec = self._graphs[key]
+            if rec.mask is not mask:
+                raise RuntimeError(f"the verify graph for {key} reads another mask buffer than the one written")
+            rec.ids.copy_(inputs.input_ids, non_blocking=True)
+            rec.positions.copy_(inputs.position_ids, non_blocking=True)
+            rec.rows.copy_(rows)
+            rec.parents.copy_(inputs.parents, non_blocking=True)
+            rec.graph.replay()
+            out, stash = TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps), rec.stash
+        self._pending, self._pending_parents = stash, inputs.parents.tolist()
+        return out
+
+    def _verify(self, ids: Tensor, positions: Tensor, rows: Tensor, parents: Tensor,
+                mask: Tensor) -> tuple[TargetOutput, GDNStash]:
+        """The verify forward itself (eager, or the body of a captured graph)."""
+        n = ids.shape[1]
+        stash = GDNStash.empty(len(self.gdn_layers), n, self.gdn_modules[self.gdn_layers[0]], self.dtype,
+                               self.compute_dtype, self.keys.device)
+        self.kv.rows = rows
+        if self.fuse and not self._probed:
+            self._probe_compiler()
+        tables = TreeTables.of(parents, self.kernel_size)
+        with self._static_gdn_mode(tables, stash), fused.fused_ops(self.model, compile=self.fuse):
+            out = self._forward(ids, positions, {ATTENTION: mask, GDN: None}, logits_to_keep=0)
+        return out, stash
+
+    def _probe_compiler(self) -> None:
+        """Compile the fused functions once on tiny tensors, outside any forward; without a working
+        compiler the plain functions run instead (the same math, more kernels)."""
+        self._probed = True
+        device = self.keys.device
+        try:
+            fused.probe(self.dtype, device)
+            n, h, d, k = 2, 2, 4, self.kernel_size
+            t = lambda *shape, dtype=self.dtype: torch.ones(*shape, dtype=dtype, device=device)  # noqa: E731
+            fused.compiled(tree_mix)(t(n, 3 * h * d), t(n, h), t(n, h), t(h), t(h), t(3 * h * d, k), t(3 * h * d, k),
+                                     None, t(h, d, d, dtype=self.compute_dtype), torch.zeros(n, k, dtype=torch.long,
+                                     device=device), torch.eye(n, dtype=torch.bool, device=device), h * d, h * d, d)
+        except fused.COMPILER_ERRORS as err:
+            log.warning("torch.compile does not work here (%s: %s): StaticHybridTarget runs the plain functions "
+                        "(the same tokens, slower). Pass fuse=False to silence this.", type(err).__name__,
+                        (str(err).splitlines() or [""])[0])
+            self.fuse = False
+
+    @contextmanager
+    def _static_gdn_mode(self, tables: TreeTables, stash: GDNStash) -> Iterator[None]:
+        """Within the block each GDN module runs the no-commit tree forward over its slab state."""
+        saved = {layer: self.gdn_modules[layer].__dict__.get("forward") for layer in self.gdn_layers}
+        try:
+            for slot, layer in enumerate(self.gdn_layers):
+                self.gdn_modules[layer].forward = self._gdn_forward(slot, layer, tables, stash)
+            yield
+        finally:
+            for layer, original in saved.items():
+                if original is None:
+                    del self.gdn_modules[layer].forward
+                else:
+                    self.gdn_modules[layer].forward = original
+
+    def _gdn_forward(self, slot: int, layer: int, tables: TreeTables, stash: GDNStash):
+        module = self.gdn_modules[layer]
+
+        def forward(hidden_states: Tensor, *args, **kwargs) -> Tensor:  # [1, n, D] -> [1, n, D]
+            state = GDNState(conv_window=self.conv[slot], recurrent_state=self.recurrent[slot])
+            out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables, self.fuse)
+            stash.conv_inputs[slot].copy_(verify.conv_inputs)
+            stash.keys[slot].copy_(verify.delta.keys)
+            stash.updates[slot].copy_(verify.delta.updates)
+            stash.log_decay[slot].copy_(verify.delta.log_decay)
+            return out
+
+        return forward
+
+    def _record_graph(self, n: int, mask: Tensor) -> _VerifyGraph:
+        """Record one verify of n tokens. Warm-up and capture write K/V rows past the committed
+        length only and never the GDN slabs, so recording never disturbs the sequence."""
+        device = self.keys.device
+        ids = torch.zeros(1, n, dtype=torch.long, device=device)
+        positions = torch.full((1, n), self.past_length, dtype=torch.long, device=device)
+        rows = torch.arange(self.past_length, self.past_length + n, device=device)
+        parents = torch.arange(-1, n - 1, device=device)  # a chain: any valid tree will do
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._verify(ids, positions, rows, parents, mask)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, stash = self._verify(ids, positions, rows, parents, mask)
+        return _VerifyGraph(graph, ids, positions, rows, parents, mask, out.logits, out.taps, stash)
+
+    # -- commit -------------------------------------------------------------------------------
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep the accepted root path: every GDN slab from the stash at once, K/V rows by index."""
+        if self._pending is None:
+            raise RuntimeError("commit without a pending forward_tree: nothing to commit")
+        path = [int(node) for node in path]
+        self._check_path(path)
+        stash, past, a = self._pending, self.past_length, len(path)
+        idx = torch.tensor(path, dtype=torch.long, device=self.keys.device)
+        # Recurrent state: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state).
+        gamma = stash.log_decay.index_select(1, idx)  # [G, a, H]
+        weights = (gamma[:, -1:] - gamma).exp()
+        written = torch.einsum("gph,gphk,gphv->ghkv", weights, stash.keys.index_select(1, idx),
+                               stash.updates.index_select(1, idx))
+        self.recurrent.mul_(gamma[:, -1].exp()[:, :, None, None]).add_(written)
+        # Conv windows: the last K columns of window + path inputs.
+        fed = stash.conv_inputs.index_select(1, idx).transpose(1, 2)  # [G, C, a]
+        self.conv.copy_(torch.cat([self.conv, fed], dim=2)[:, :, -self.kernel_size:])
+        if path != list(range(a)):  # a pure prefix is already in place
+            src = past + idx
+            self.keys[:, :, past : past + a] = self.keys.index_select(2, src)
+            self.values[:, :, past : past + a] = self.values.index_select(2, src)
+        self._pending = None
+        self.past_length = self.kv.length = past + a

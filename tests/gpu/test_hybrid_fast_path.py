@@ -1,0 +1,73 @@
+"""The hybrid fast path on a GPU, in fp32: ``StaticHybridTarget`` with CUDA graphs gives the target's
+own greedy tokens for every strategy, budget order and engine reuse (run with ``pytest -m gpu``).
+
+Same design as test_fast_path_exact: one target serves every engine of a sequence, prompts include
+one as long as a verify and one crossing a mask-width bucket, budget sequences revisit sizes. And the
+GDN tree math as captured (fp32 on the GPU) against the token-by-token recurrence in fp64.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddtree.models.gdn_tree import solve_tree_delta_rule
+from ddtree.models.hybrid_static import StaticHybridTarget
+from ddtree.testing import (check_budget_sequence, greedy_reference, per_node_delta_rule, tiny_dflash,
+                            tiny_hybrid_target)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+VOCAB, NEW, BLOCK = 128, 96, 8
+LENGTHS = (5, 13, 29, 200)  # 5 = the verify size of budget 4; 200 + 96 crosses the 256-row bucket
+SEQUENCES = {
+    "sizes-revisited": [4, 2, 3, 5, 6, 7, 8, 4],
+    "all-strategies": ["ar", "chain", 1, 4, 16, 64, "mtp", 4],
+}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = tiny_hybrid_target(vocab_size=VOCAB).cuda()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
+    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
+    return model, prompts, refs, tiny_dflash(model, block_size=BLOCK).cuda()
+
+
+def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
+    model, prompts, refs, dflash = setup
+    check_budget_sequence(target, budgets, drafter_kind, prompts, refs, dflash, NEW, VOCAB, BLOCK)
+
+
+@pytest.mark.parametrize("sequence", sorted(SEQUENCES))
+@pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])
+@pytest.mark.parametrize("graphs,fuse", [(True, True), (True, False), (False, False)],
+                         ids=["graphs-fused", "graphs", "eager"])
+def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse):
+    target = StaticHybridTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse)
+    _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.sampled_from(["ar", "chain", 1, 2, 4, 7, 16, 64]), min_size=2, max_size=6))
+def test_any_budget_order_is_greedy_on_the_hybrid(setup, steps):
+    _check_sequence(setup, StaticHybridTarget(setup[0], max_length=512), "replay", steps)
+
+
+@pytest.mark.parametrize("n, seed", [(17, 0), (65, 1), (257, 2)])
+def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    hk, h, dk, dv = 4, 12, 64, 64
+    r = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    q, k, v, s0 = r(n, hk, dk), r(n, hk, dk), r(n, h, dv), r(h, dk, dv)
+    g, beta = -2.0 * torch.rand(n, h, generator=gen, dtype=torch.float64), torch.rand(n, h, generator=gen,
+                                                                                       dtype=torch.float64)
+    want = per_node_delta_rule(q, k, v, g, beta, parents, s0)
+    cuda = [x.float().cuda() for x in (q, k, v, g, beta)]
+    got = solve_tree_delta_rule(*cuda, parents.cuda(), s0.float().cuda()).out.double().cpu()
+    # Stated tolerance: fp32 math on O(1) inputs, n <= 257 nodes, depth <= n.
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

@@ -1,0 +1,104 @@
+"""The hybrid target over static slabs (fp32, CPU, no graphs): the same logits as ``HybridTarget``
+round after round, and after each commit slabs holding exactly ``HybridTarget``'s cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models import HybridTarget, target_for
+from ddtree.models.gdn_tree_layer import read_gdn_state
+from ddtree.models.hybrid_static import StaticHybridTarget
+from ddtree.testing import conditional_generation_twin, tiny_hybrid_target
+from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
+from ddtree.types import Draft
+
+PROMPT = torch.randint(0, 90, (9,), generator=torch.Generator().manual_seed(4))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_hybrid_target()
+
+
+def _tree(vocab: int, seed: int, budget: int):
+    g = torch.Generator().manual_seed(seed)
+    draft = Draft(torch.log_softmax(2 * torch.randn(5, vocab, generator=g), -1))
+    builder = ChainTreeBuilder() if budget == 0 else BestFirstTreeBuilder(budget)
+    return builder.build(draft, root_token=int(torch.randint(vocab, (1,), generator=g)))
+
+
+def _random_root_path(parents: list[int], seed: int) -> list[int]:
+    node = int(torch.randint(len(parents), (1,), generator=torch.Generator().manual_seed(seed)))
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def _assert_same_state(static: StaticHybridTarget, eager: HybridTarget) -> None:
+    length = eager.past_length
+    assert static.past_length == length
+    for slot, layer in enumerate(static.attention_layers):
+        torch.testing.assert_close(static.keys[slot, :, :length], eager.cache.layers[layer].keys[0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(static.values[slot, :, :length], eager.cache.layers[layer].values[0], atol=1e-6,
+                                   rtol=1e-6)
+    for slot, layer in enumerate(static.gdn_layers):
+        state = read_gdn_state(eager.cache, layer, static.kernel_size)
+        torch.testing.assert_close(static.conv[slot], state.conv_window, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(static.recurrent[slot], state.recurrent_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("budgets", [[20, 0, 3, 20, 1], [7, 7, 60, 0]])
+def test_logits_taps_and_state_follow_hybrid_target_round_by_round(model, budgets):
+    static = StaticHybridTarget(model, max_length=128, cuda_graphs=False, width_step=16)
+    eager = HybridTarget(model)
+    for target in (static, eager):
+        target.set_taps([0, 1, -1])
+        target.prefill(PROMPT)
+    _assert_same_state(static, eager)
+    compiler = DenseMaskCompiler()
+    for round_, budget in enumerate(budgets):
+        tree = _tree(96, seed=round_, budget=budget)
+        outs = [t.forward_tree(compiler.compile(tree, t.past_length)) for t in (static, eager)]
+        torch.testing.assert_close(outs[0].logits, outs[1].logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(outs[0].taps, outs[1].taps, atol=1e-5, rtol=1e-5)
+        path = _random_root_path(tree.parents.tolist(), seed=round_)
+        for target in (static, eager):
+            target.commit(path)
+        _assert_same_state(static, eager)
+
+
+def test_conditional_generation_checkpoints_are_served(model):
+    # Real Qwen3.5/3.6 checkpoints load as Qwen3_5ForConditionalGeneration (text model nested).
+    static, eager = StaticHybridTarget(conditional_generation_twin(model), max_length=64, cuda_graphs=False), \
+        HybridTarget(model)
+    tree = _tree(96, seed=5, budget=12)
+    outs = []
+    for target in (static, eager):
+        target.prefill(PROMPT)
+        outs.append(target.forward_tree(DenseMaskCompiler().compile(tree, target.past_length)).logits)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_and_refusals(model):
+    assert type(target_for(model, fast=True)) is StaticHybridTarget
+    assert type(target_for(model)) is HybridTarget  # auto: no CUDA device here
+    target = StaticHybridTarget(model, max_length=16, cuda_graphs=False)
+    tree = _tree(96, seed=0, budget=4)
+    with pytest.raises(RuntimeError, match="before prefill"):
+        target.forward_tree(DenseMaskCompiler().compile(tree, 0))
+    with pytest.raises(ValueError, match="raise max_length"):
+        target.prefill(torch.arange(17))
+    target.prefill(PROMPT)
+    with pytest.raises(RuntimeError, match="nothing to commit"):
+        target.commit([0])
+    with pytest.raises(ValueError, match="exceeds the static cache"):
+        target.forward_tree(DenseMaskCompiler().compile(_tree(96, seed=0, budget=12), target.past_length))
+    target.forward_tree(DenseMaskCompiler().compile(tree, target.past_length))
+    with pytest.raises(ValueError, match="not a root path"):
+        target.commit([0, 3, 1])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one CUDA device"):
+            StaticHybridTarget(model, cuda_graphs=True)
