@@ -83,14 +83,18 @@ class FlexLayout:
         self.kv_indices.copy_(partial.expand_as(self.kv_indices))
         torch.add(self.past, torch.arange(self.n, device=self.rows.device), out=self.rows)
 
-    def set(self, past: int | Tensor, visible: Tensor) -> None:
-        """Write P (an int, or a 0-dim device tensor) and the ``[n, n]`` visibility in place, then ``refresh``."""
+    def move(self, past: int | Tensor) -> None:
+        """Write P (an int, or a 0-dim device tensor) in place, then ``refresh``."""
         if isinstance(past, Tensor):
             self.past.copy_(past)
         else:
             self.past.fill_(past)
-        self.visible.copy_(visible, non_blocking=True)
         self.refresh()
+
+    def set(self, past: int | Tensor, visible: Tensor) -> None:
+        """Write P and the ``[n, n]`` visibility in place, then ``refresh``."""
+        self.visible.copy_(visible, non_blocking=True)
+        self.move(past)
 
 
 # -- the kernel ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from ddtree.models.flex_attention import KV_BLOCK, FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
 from ddtree.testing import greedy_reference
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
-from ddtree.types import Draft
+from ddtree.types import Draft, Verification
 from ddtree.verifiers import GreedyVerifier
 
 
@@ -160,3 +160,36 @@ def test_auto_stays_dense_on_the_cpu_and_bad_choices_are_refused(tiny_models):
     assert target.attention == "auto" and not target._layouts
     with pytest.raises(ValueError, match="attention="):
         StaticTarget(model, max_length=64, cuda_graphs=False, attention="sparse")
+
+
+@torch.inference_mode()
+def test_flex_dflash_drafter_drafts_what_the_dense_one_drafts(tiny_models):
+    from ddtree.drafters import DFlashDrafter
+    from ddtree.models import HFTarget
+    from ddtree.testing import tiny_dflash
+
+    model = tiny_models["qwen3"]
+    target = HFTarget(model)
+    dflash = tiny_dflash(model, block_size=8)
+    dense, flex = (DFlashDrafter(dflash, target, max_length=400, attention=a) for a in ("dense", "flex"))
+    assert dense._layout is None and flex._layout is not None
+    target.set_taps(dense.hidden_layers)
+    prompt = target.prefill((torch.arange(200) * 5) % 90 + 3)
+    for drafter in (dense, flex):
+        drafter.reset(prompt)
+    for root in (7, 11, 3):
+        expected = dense.draft(root).log_probs
+        torch.testing.assert_close(flex.draft(root).log_probs, expected, atol=1e-5, rtol=1e-5)
+        # and through the graph step (a device tensor for the length), as a CUDA graph replays it
+        length = torch.tensor(flex.length)
+        ids = torch.full((8,), dflash.config.mask_token_id)
+        ids[0] = root
+        torch.testing.assert_close(flex._block_log_probs(ids, length), expected, atol=1e-5, rtol=1e-5)
+        tree = ChainTreeBuilder().build(Draft(expected), root)
+        depth = root % 5  # accept a few nodes
+        context = target.forward_tree(DenseMaskCompiler().compile(tree, target.past_length))
+        path = tuple(range(depth + 1))
+        verification = Verification(path=path, tokens=tuple(tree.tokens[list(path)].tolist()), bonus=1)
+        for drafter in (dense, flex):
+            drafter.accept(verification, context)
+        target.commit(path)
