@@ -254,3 +254,25 @@ class ReplayDrafter:
 
     def accept(self, verification, context) -> None:
         self.position += len(verification.tokens)
+
+
+def random_tree_visibility(n: int, generator: torch.Generator) -> torch.Tensor:
+    """The ``[n, n]`` bool ancestor mask of a random tree numbered parents first (row i: i and its ancestors)."""
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        if i:
+            visible[i] = visible[int(torch.randint(0, i, (), generator=generator))]
+        visible[i, i] = True
+    return visible
+
+
+def fp32_cuda_pair(lengths, new_tokens: int, block_size: int, vocab_size: int = 128, seed: int = 1):
+    """For the GPU suite: a tiny fp32 Qwen3 on CUDA with TF32 off, prompts of ``lengths``, each
+    one's greedy text (``new_tokens + block_size`` tokens) and a tiny DFlash drafter for it."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = tiny_target("qwen3", vocab_size=vocab_size).cuda()
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(6, vocab_size - 8, (n,), generator=gen) for n in lengths]
+    refs = [greedy_reference(model, p.cuda(), new_tokens + block_size) for p in prompts]
+    return model, prompts, refs, tiny_dflash(model, block_size=block_size).cuda()

@@ -17,7 +17,7 @@ from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import ReplayDrafter, greedy_reference, tiny_dflash, tiny_target
+from ddtree.testing import ReplayDrafter, fp32_cuda_pair, greedy_reference, tiny_dflash, tiny_target
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
@@ -34,14 +34,7 @@ SEQUENCES = {
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = tiny_target("qwen3", vocab_size=VOCAB).cuda()
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
-    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
-    dflash = tiny_dflash(model, block_size=BLOCK).cuda()
-    return model, prompts, refs, dflash
+    return fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=1)
 
 
 def _engine(setup, target, drafter_kind: str, budget) -> SpeculativeEngine:

@@ -15,7 +15,7 @@ from ddtree.drafters import DFlashDrafter, NullDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models.flex_attention import FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import ReplayDrafter, greedy_reference, tiny_dflash, tiny_target
+from ddtree.testing import ReplayDrafter, fp32_cuda_pair, random_tree_visibility
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
@@ -29,26 +29,9 @@ SEQUENCES = {
 }
 
 
-def _visibility(n: int, gen: torch.Generator) -> torch.Tensor:
-    parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)]
-    vis = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            vis[i] = vis[p]
-        vis[i, i] = True
-    return vis
-
-
 @pytest.fixture(scope="module")
 def setup():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = tiny_target("qwen3", vocab_size=VOCAB).cuda()
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
-    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
-    dflash = tiny_dflash(model, block_size=BLOCK).cuda()
-    return model, prompts, refs, dflash
+    return fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=3)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -62,7 +45,7 @@ def test_compiled_kernel_equals_dense_sdpa_on_random_trees(n, heads, dtype, tol)
     layout = FlexLayout(n, length, torch.device("cuda"))
     k, v = (torch.randn(1, kv_heads, length, dim, generator=gen).to("cuda", dtype) for _ in range(2))
     for past in (0, 127, 128, 1000, length - n):  # one layout, rewritten in place
-        vis = _visibility(n, gen)
+        vis = random_tree_visibility(n, gen)
         layout.set(past, vis.cuda())
         q = torch.randn(1, q_heads, n, dim, generator=gen).to("cuda", dtype)
         dense = torch.zeros(n, length, dtype=torch.bool)

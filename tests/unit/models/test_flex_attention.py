@@ -20,21 +20,10 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import flex_attention as fa
 from ddtree.models.flex_attention import KV_BLOCK, FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import greedy_reference
+from ddtree.testing import greedy_reference, random_tree_visibility
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft, Verification
 from ddtree.verifiers import GreedyVerifier
-
-
-def _random_tree_visibility(n: int, gen: torch.Generator) -> torch.Tensor:
-    """The ``[n, n]`` ancestor mask of a random tree numbered parents first."""
-    parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)]
-    vis = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            vis[i] = vis[p]
-        vis[i, i] = True
-    return vis
 
 
 def _dense(past: int, vis: torch.Tensor, length: int) -> torch.Tensor:
@@ -52,7 +41,7 @@ def _dense(past: int, vis: torch.Tensor, length: int) -> torch.Tensor:
 def test_flex_equals_dense_sdpa_on_random_trees(n, past, kv_heads, groups, seed):
     gen = torch.Generator().manual_seed(seed)
     length = past + n + int(torch.randint(0, 200, (), generator=gen))
-    vis = _random_tree_visibility(n, gen)
+    vis = random_tree_visibility(n, gen)
     layout = FlexLayout(n, length, torch.device("cpu"))
     layout.set(past, vis)
     q = torch.randn(1, kv_heads * groups, n, 16, generator=gen)
@@ -78,7 +67,7 @@ def _readable(layout: FlexLayout, full: bool) -> torch.Tensor:
 def test_block_tables_list_every_visible_key_and_nothing_past_the_block(n, past, seed):
     gen = torch.Generator().manual_seed(seed)
     length = past + n + int(torch.randint(0, 300, (), generator=gen))
-    vis = _random_tree_visibility(n, gen)
+    vis = random_tree_visibility(n, gen)
     layout = FlexLayout(n, length, torch.device("cpu"))
     layout.set(past, vis)
     dense = _dense(past, vis, length)  # [n, length]
@@ -102,7 +91,7 @@ def test_compiled_cpu_kernel_reads_the_tables_and_follows_p_in_place():
         gen = torch.Generator().manual_seed(0)
         q = torch.randn(1, 4, 5, 16, generator=gen)
         k, v = (torch.randn(1, 2, 700, 16, generator=gen) for _ in range(2))
-        vis = _random_tree_visibility(5, gen)
+        vis = random_tree_visibility(5, gen)
         for past in (250, 3, 126, 600):  # written in place: the one compiled kernel must follow
             layout.set(past, vis)
             with torch.inference_mode():
