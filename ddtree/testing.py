@@ -288,10 +288,11 @@ def per_node_delta_rule(q, k, v, g, beta, parents, s0):
 
 # -- the GPU suite's budget sequences: one target serving engine after engine ------------------
 
-def sequence_engine(target, budget, drafter_kind: str, prompts, refs, dflash, vocab: int, block: int):
+def sequence_engine(target, budget, drafter_kind: str, prompts, refs, dflash, vocab: int, block: int,
+                    max_length: int = 512):
     """The engine of one step of a budget sequence: ``budget`` is "ar", "chain", "mtp" (a random
     3-step MTP head) or a tree budget; ``drafter_kind`` "replay" (the known greedy text with swaps:
-    long accepted paths at no drafting cost), "dflash-graph" or "dflash-eager"."""
+    long accepted paths at no drafting cost), "dflash-graph", "dflash-flex-graph" or "dflash-eager"."""
     from ddtree import SpeculativeEngine
     from ddtree.drafters import DFlashDrafter, NullDrafter
     from ddtree.masks import DenseMaskCompiler
@@ -308,15 +309,16 @@ def sequence_engine(target, budget, drafter_kind: str, prompts, refs, dflash, vo
             drafter = ReplayDrafter([p.tolist() + r for p, r in zip(prompts, refs)], vocab, depth=block - 1,
                                     hidden_layers=(1, 2))
         else:
-            drafter = DFlashDrafter(dflash, target, block, max_length=512, cuda_graphs=drafter_kind == "dflash-graph")
+            drafter = DFlashDrafter(dflash, target, block, max_length=max_length, cuda_graphs=drafter_kind != "dflash-eager",
+                                    attention="flex" if drafter_kind == "dflash-flex-graph" else "auto")
     return SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
 
 
 def check_budget_sequence(target, budgets, drafter_kind: str, prompts, refs, dflash, new: int, vocab: int,
-                          block: int) -> None:
+                          block: int, max_length: int = 512) -> None:
     """Every engine of the sequence, on the same target, returns the greedy reference on every prompt."""
     for budget in budgets:
-        engine = sequence_engine(target, budget, drafter_kind, prompts, refs, dflash, vocab, block)
+        engine = sequence_engine(target, budget, drafter_kind, prompts, refs, dflash, vocab, block, max_length)
         for prompt, ref in zip(prompts, refs):
             tokens = engine.generate(prompt, max_new_tokens=new).tokens
             assert tokens == ref[:new], f"budget {budget}, prompt of {prompt.numel()} tokens: parts at " \
@@ -334,3 +336,30 @@ def conditional_generation_twin(model):
     wrapped.model.language_model.load_state_dict(model.model.state_dict())
     wrapped.lm_head.load_state_dict(model.lm_head.state_dict())
     return wrapped.eval()
+
+
+def random_tree_visibility(n: int, generator: torch.Generator) -> torch.Tensor:
+    """The ``[n, n]`` bool ancestor mask of a random tree numbered parents first (row i: i and its ancestors)."""
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        if i:
+            visible[i] = visible[int(torch.randint(0, i, (), generator=generator))]
+        visible[i, i] = True
+    return visible
+
+
+def fp32_cuda_pair(lengths, new_tokens: int, block_size: int, vocab_size: int = 128, seed: int = 1,
+                   family: str = "qwen3"):
+    """For the GPU suite: a tiny fp32 target of ``family`` (qwen3, llama, or the hybrid qwen35) on CUDA
+    with TF32 off, prompts of ``lengths``, each one's greedy text (``new_tokens + block_size`` tokens)
+    and a tiny DFlash drafter for it."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if family == "qwen35":
+        model = tiny_hybrid_target(vocab_size=vocab_size).cuda()
+    else:
+        model = tiny_target(family, vocab_size=vocab_size).cuda()
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(6, vocab_size - 8, (n,), generator=gen) for n in lengths]
+    refs = [greedy_reference(model, p.cuda(), new_tokens + block_size) for p in prompts]
+    return model, prompts, refs, tiny_dflash(model, block_size=block_size).cuda()

@@ -2,6 +2,8 @@
 
     python experiments/speed.py                                # Qwen3-8B geometry, random weights
     python experiments/speed.py geometry=qwen3-4b budgets=[16,64] rounds=16
+    python experiments/speed.py 'prompt_lengths=[512,8192,32768,131072]' 'paths=[fast]' 'budgets=[64,256]' \
+        check_tokens=0                                          # long context: one table, every length
     python experiments/speed.py target_path=assets/pair/target drafter_path=assets/pair/dflash \
         prompts=assets/pair/heldout_prompts.jsonl check_tokens=128   # trained weights: the bf16 check
 
@@ -15,6 +17,11 @@ T=0 figures). A greedy check compares every strategy's tokens on every path with
 AR in bf16 (``check_tokens`` tokens per prompt, on the ``prompts`` file's texts when given).
 Random weights: acceptance is meaningless there, costs are real; near-ties in random logits
 make bf16 paths part early, so the check means most on trained weights (``target_path=DIR``).
+
+Each length of ``prompt_lengths`` gets its rows and its read floor: the target's weight bytes
+plus the K/V bytes of that many rows, at ``READ_BANDWIDTH`` (what one step must at least read).
+``attention`` is the fast target's and the DFlash drafter's (``auto``: FlexAttention from
+``flex_threshold`` live rows on); ``max_length: null`` sizes the caches for the longest prompt.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.models.static_target import StaticTarget
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
+
+READ_BANDWIDTH = 4.8e12  # bytes/s: the H200's HBM3e peak, the floor's denominator
 
 
 def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: int) -> dict:
@@ -90,7 +99,9 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
             for path, target in paths:
                 try:
                     engine = engine_from_config(strategy, target, model=dflash_model, max_length=cfg.max_length,
-                                                cuda_graphs=path == "fast" and cfg.cuda_graphs, **heads)
+                                                cuda_graphs=path == "fast" and cfg.cuda_graphs,
+                                                attention=cfg.get("attention", "auto") if path == "fast" else "dense",
+                                                flex_threshold=cfg.get("flex_threshold", 4096), **heads)
                 except Exception as err:  # e.g. a preset whose drafter this run has no weights for
                     print(f"{label} {path}: not built: {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
                     continue
@@ -114,7 +125,8 @@ def _models(cfg: DictConfig):
     """The target and drafter: trained ones from ``target``/``drafter`` paths, else random weights
     of a named geometry (``QWEN3`` or ``HYBRID`` of ``ddtree.models.geometry``)."""
     if cfg.target_path is None:
-        model = random_hybrid(cfg.geometry) if cfg.geometry in HYBRID else random_qwen3(cfg.geometry)
+        model = random_hybrid(cfg.geometry) if cfg.geometry in HYBRID else \
+            random_qwen3(cfg.geometry, max_positions=max(40960, cfg.max_length))
         return model, random_dflash_for(model, block_size=cfg.block_size), str(cfg.geometry)
     from ddtree.models.dflash import DFlashDraftModel
     from ddtree.models.hub import load_causal_lm
@@ -127,14 +139,15 @@ def _models(cfg: DictConfig):
 
 
 def _check_prompts(cfg: DictConfig, fallback: torch.Tensor) -> list[torch.Tensor]:
-    """Token ids of the ``prompts`` file's texts (tokenizer beside the target), or the random prompt."""
+    """Token ids of the ``prompts`` file's texts (tokenizer beside the target), each cut to the
+    random prompt's length, or the random prompt."""
     if cfg.prompts is None:
         return [fallback]
     from ddtree.training.tokenizer import load_tokenizer
 
     tok = load_tokenizer(Path(cfg.target_path).parent / "tokenizer")
     texts = [json.loads(line)["text"] for line in Path(cfg.prompts).read_text().splitlines() if line.strip()]
-    return [torch.tensor(tok.encode(t)[-cfg.prompt_length:]) for t in texts[: cfg.check_prompts]]
+    return [torch.tensor(tok.encode(t)[-fallback.numel():]) for t in texts[: cfg.check_prompts]]
 
 
 @torch.inference_mode()
@@ -194,15 +207,43 @@ def _ratio(tau: float, ar: dict, path: str, row: dict) -> str:
     return f"{tau * ar[path] / row['round_ms']:.2f}" if path in ar else "n/a"
 
 
+def _max_length(cfg: DictConfig) -> int:
+    """``cfg.max_length``, or (null) the longest prompt plus what a run adds to it: the most new
+    tokens of a timed run, a check or the drafter check, the largest verify and the drafter's
+    block twice, rounded up to 128 rows."""
+    if cfg.max_length is not None:
+        return int(cfg.max_length)
+    largest = max([int(b) for b in cfg.budgets] + [cfg.block_size]) + 1
+    new = max(cfg.rounds + cfg.block_size, cfg.check_tokens, 8 * cfg.block_size)
+    rows = max(cfg.prompt_lengths) + new + largest + 2 * cfg.block_size
+    return -(-rows // 128) * 128
+
+
+def _read_floor_ms(model, length: int) -> float:
+    """Weight bytes plus the K/V bytes of ``length`` rows (attention layers only) plus, on a hybrid, the
+    float32 recurrent states of its GDN layers, read at ``READ_BANDWIDTH``, in ms."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    c = model.config.get_text_config()
+    element = next(model.parameters()).element_size()
+    kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv = 2 * kinds.count("full_attention") * c.num_key_value_heads * head_dim
+    states = kinds.count("linear_attention") * 4 * (
+        getattr(c, "linear_num_value_heads", 0) * getattr(c, "linear_key_head_dim", 0) * getattr(c, "linear_value_head_dim", 0))
+    return 1e3 * (weights + kv * element * length + states) / READ_BANDWIDTH
+
+
 def _table(rows: list[dict], tau: dict, ar: dict) -> str:
-    lines = ["| strategy | path | round ms | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| prompt | strategy | path | round ms | x floor | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, t = r["stages_ms"], tau.get(r["strategy"], 1.0)
+        here = ar.get(r["prompt"], {})
         lines.append(
-            f"| {r['strategy']} | {r['path']} | {r['round_ms']:.2f} | {s['draft']:.2f} | {s['tree']:.2f} | "
+            f"| {r['prompt']} | {r['strategy']} | {r['path']} | {r['round_ms']:.2f} | {r['round_ms'] / r['floor_ms']:.2f} | "
+            f"{s['draft']:.2f} | {s['tree']:.2f} | "
             f"{s['layout']:.2f} | {s['verify']:.2f} | {s['commit']:.2f} | {r['peak_extra_mib']:.0f} | {t:.2f} | "
-            f"{1e3 * t / r['round_ms']:.0f} | {_ratio(t, ar, 'eager', r)} | {_ratio(t, ar, 'fast', r)} |"
+            f"{1e3 * t / r['round_ms']:.0f} | {_ratio(t, here, 'eager', r)} | {_ratio(t, here, 'fast', r)} |"
         )
     return "\n".join(lines)
 
@@ -216,38 +257,50 @@ def main(cfg: DictConfig) -> None:
     start = time.perf_counter()
     if cfg.prompts is not None and cfg.target_path is None:
         raise SystemExit("prompts=FILE needs target_path=DIR: the prompts are tokenised with the tokenizer/ beside it")
+    cfg.max_length = _max_length(cfg)
     model, dflash_model, name = _models(cfg)
-    print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s", flush=True)
+    print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s; caches of {cfg.max_length} rows", flush=True)
     if is_hybrid(model):
         eager, fast = HybridTarget(model), StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs)
     else:
-        eager, fast = HFTarget(model), StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs)
-    prompt = torch.randint(0, model.config.get_text_config().vocab_size - 1, (cfg.prompt_length,))
-    check_prompts = _check_prompts(cfg, prompt)
-    prompt = check_prompts[0] if cfg.prompts is not None else prompt
-    prefill_ms = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt) for path in cfg.paths}
-    print(f"prefill of {prompt.numel()} tokens, ms: {prefill_ms}", flush=True)
-
-    rows = []
+        eager = HFTarget(model)
+        fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
+                            flex_threshold=cfg.flex_threshold)
     mtp_head = _mtp_head(cfg, model)
-    for name, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head):
-        try:
-            row = {"strategy": name, "path": path, **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size)}
-        except Exception as err:  # one failing path must not cost the whole table
-            print(f"{name} {path}: FAILED {type(err).__name__}: {err}", flush=True)
-            continue
-        rows.append(row)
-        print(f"{name:12s} {path:5s} {row['round_ms']:8.2f} ms/round", flush=True)
-
-    if cfg.cuda_graphs:
-        print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
-    checks = _greedy_check(cfg, eager, fast, dflash_model, check_prompts, mtp_head) if cfg.check_tokens else {}
-    ar = {r["path"]: r["round_ms"] for r in rows if r["strategy"] == "ar"}
+    rows, checks, floors, prefill_ms = [], {}, {}, {}
+    for length in cfg.prompt_lengths:
+        prompt = torch.randint(0, model.config.get_text_config().vocab_size - 1, (length,))
+        check_prompts = _check_prompts(cfg, prompt)
+        prompt = check_prompts[0] if cfg.prompts is not None else prompt
+        prefill_ms[length] = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt) for path in cfg.paths}
+        print(f"prefill of {prompt.numel()} tokens, ms: {prefill_ms[length]}", flush=True)
+        floors[length] = _read_floor_ms(model, length)
+        for label, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head):
+            try:
+                row = {"prompt": length, "strategy": label, "path": path, "floor_ms": floors[length],
+                       **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size)}
+            except Exception as err:  # one failing path must not cost the whole table
+                print(f"{length} {label} {path}: FAILED {type(err).__name__}: {err}", flush=True)
+                continue
+            rows.append(row)
+            print(f"{length:7d} {label:12s} {path:5s} {row['round_ms']:8.2f} ms/round  "
+                  f"(floor {floors[length]:.2f}, peak +{row['peak_extra_mib']:.0f} MiB)", flush=True)
+        if cfg.cuda_graphs:
+            print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
+        if cfg.check_tokens:
+            found = _greedy_check(cfg, eager, fast, dflash_model, check_prompts, mtp_head)
+            checks.update({f"{length}/{k}": v for k, v in found.items()})
+    ar: dict = {}
+    for r in rows:
+        if r["strategy"] == "ar":
+            ar.setdefault(r["prompt"], {})[r["path"]] = r["round_ms"]
     tau = dict(OmegaConf.to_container(cfg.tau))
     table = _table(rows, tau, ar)
     print(f"\nfirst divergence from {cfg.paths[0]} AR greedy per prompt, {cfg.check_tokens} tokens, with the eager "
           f"top-1/top-2 logit gap there (None = identical; near-tie: gap < {cfg.near_tie_gap}): {json.dumps(checks)}")
-    print(f"\n{name}, prompt {cfg.prompt_length}, {cfg.rounds} rounds, bf16, {torch.cuda.get_device_name()}; "
+    print(f"\n{name}, prompts {list(cfg.prompt_lengths)}, {cfg.rounds} rounds, bf16, attention {cfg.attention}, "
+          f"{torch.cuda.get_device_name()}; read floor (weights + K/V of the prompt at {READ_BANDWIDTH / 1e12:.1f} TB/s) "
+          + ", ".join(f"{k}: {v:.2f} ms" for k, v in floors.items()) + "; peak MiB: above the memory held before the run; "
           f"prefill ms {prefill_ms}\n")
     print(table)
     out = Path(cfg.out)

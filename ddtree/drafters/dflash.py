@@ -5,17 +5,27 @@ nodes arrive in ``accept`` and are absorbed at the next ``draft``; the block's o
 kept (the reference crops them after every call, which is the same thing). The cache is
 preallocated (``max_length`` rows per layer) and written in place. On CUDA the block pass can be
 replayed from one captured graph: it then attends over the whole buffer with a mask that hides
-rows at or past the committed length, so its shapes never change.
+rows at or past the committed length, so its shapes never change. At long context that mask
+reads the whole buffer: with ``attention="flex"`` (``"auto"``: on CUDA with graphs, for a cache of
+more than ``flex_threshold`` rows) the block's K/V are written into the cache after the committed
+rows and block-sparse FlexAttention reads only the live blocks (``ddtree.models.flex_attention``).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import Tensor
 
 from ddtree.interfaces import Target
+from ddtree.models import flex_attention
 from ddtree.models.dflash import DFlashDraftModel
+from ddtree.models.flex_attention import FlexLayout
+from ddtree.models.fused import COMPILER_ERRORS
 from ddtree.types import Draft, TargetOutput, Verification
+
+log = logging.getLogger(__name__)
 
 
 def check_pair(model: DFlashDraftModel, target: Target) -> None:
@@ -61,13 +71,15 @@ class DFlashDrafter:
     """Drafts ``block_size - 1`` per-depth marginals from one forward of the block.
 
     ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
-    from 2 up to it runs a shorter one (fewer drafted depths).
+    from 2 up to it runs a shorter one (fewer drafted depths). ``attention``: ``"dense"``,
+    ``"flex"`` or ``"auto"`` (flex when graphed on CUDA over more than ``flex_threshold`` rows).
 
     >>> drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(path), target)   # doctest: +SKIP
     """
 
     def __init__(self, model: DFlashDraftModel, target: Target, block_size: int | None = None,
-                 max_length: int | None = None, cuda_graphs: bool | str = False) -> None:
+                 max_length: int | None = None, cuda_graphs: bool | str = False, attention: str = "auto",
+                 flex_threshold: int = 4096) -> None:
         check_pair(model, target)
         self.model, self.target = model.eval(), target
         self.block_size = block_size_for(model, block_size)
@@ -85,6 +97,25 @@ class DFlashDrafter:
         self._pending: Tensor | None = None
         self.length = 0  # committed tokens whose features are in the cache
         self._graph: tuple | None = None
+        if attention not in ("auto", "dense", "flex"):
+            raise ValueError(f"attention={attention!r}: choose one of auto, dense, flex")
+        if attention == "auto":
+            attention = "flex" if self.cuda_graphs and self.max_length > flex_threshold else "dense"
+        self._layout = self._flex_layout() if attention == "flex" else None  # the block over the buffers
+
+    def _flex_layout(self) -> FlexLayout | None:
+        """The block's layout (every block row sees the committed rows and the whole block), compiled
+        once on CUDA; None, with a warning, where FlexAttention does not compile."""
+        if self.device.type == "cuda":
+            try:
+                flex_attention.probe(self.dtype, self.device)
+            except COMPILER_ERRORS as err:
+                log.warning("FlexAttention does not compile here (%s: %s); the DFlash drafter keeps its dense mask",
+                            type(err).__name__, (str(err).splitlines() or [""])[0])
+                return None
+        layout = FlexLayout(self.block_size, self.max_length, self.device)
+        layout.visible.fill_(True)
+        return layout
 
     @classmethod
     def from_pretrained(cls, name_or_path, target: Target, **kwargs) -> "DFlashDrafter":
@@ -119,7 +150,10 @@ class DFlashDrafter:
         size = self.block_size
         block = self.target.embed(ids[None]).to(self.device, self.dtype)  # [1, size, H]
         positions = length + torch.arange(size, device=self.device)
-        if isinstance(length, int):  # eager: attend over the committed rows only
+        if self._layout is not None:  # the block written after the committed rows, live blocks read
+            self._layout.move(length)
+            context, mask = list(zip(self._keys, self._values)), self._layout
+        elif isinstance(length, int):  # eager: attend over the committed rows only
             context = [(k[:, :, :length], v[:, :, :length]) for k, v in zip(self._keys, self._values)]
             mask = None
         else:  # graph: the whole buffer, rows at or past ``length`` hidden

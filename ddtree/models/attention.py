@@ -5,21 +5,28 @@ it attends over every row of the cache, even the empty ones, and with a mask it 
 K/V heads to the query heads (a copy of the whole cache per layer). Here the mask's width says
 how many cache rows are live, so keys are sliced to it; and a mask with ``groups * n`` rows
 says the query heads sharing a K/V head are folded into the query length, so no K/V copy is
-made: query head ``j * groups + i``, token t, becomes row ``i * n + t`` of K/V head j.
+made: query head ``j * groups + i``, token t, becomes row ``i * n + t`` of K/V head j. A ``BlockMask``
+in place of the mask (a ``ddtree.models.flex_attention.FlexLayout``'s) runs block-sparse
+FlexAttention over the whole cache instead: no mask tensor at all.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ddtree.models.flex_attention import flex_attention_forward
 
 NAME = "ddtree_sdpa"
 
 
 def folded_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """``query`` [1, Hq, n, d]; ``key``/``value`` [1, Hkv, L, d]; mask [1, 1, rows, W], W <= L."""
+    """``query`` [1, Hq, n, d]; ``key``/``value`` [1, Hkv, L, d]; mask [1, 1, rows, W], W <= L, or a BlockMask."""
+    if isinstance(attention_mask, BlockMask):
+        return flex_attention_forward(module, query, key, value, attention_mask, scaling)
     if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     width = attention_mask.shape[-1]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ddtree.models.flex_attention import FlexLayout, attend
 from ddtree.models.loading import read_json, read_safetensors, resolve_checkpoint
 
 
@@ -145,11 +146,21 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
+                mask: Tensor | FlexLayout | None = None) -> Tensor:
+        """``mask``: None (every key visible), an additive mask over context + block, or a
+        ``FlexLayout`` of the block over the context buffers: the block's K/V are then written into
+        ``ctx_k``/``ctx_v`` at its rows (``mask.rows``, past the committed ones, overwritten by the
+        next absorb) and block-sparse FlexAttention reads the buffers, no copy and no mask."""
         t = x.shape[1]  # x [1, T, H] normed block states; ctx_k/ctx_v [1, n_kv, C, d]
         q = self.q_norm(self.q_proj(x).view(1, t, self.n_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k_blk, v_blk = self.keys_values(x, cos, sin)
+        if isinstance(mask, FlexLayout):
+            ctx_k.index_copy_(2, mask.rows, k_blk)
+            ctx_v.index_copy_(2, mask.rows, v_blk)
+            out = attend(q, ctx_k, ctx_v, mask.block_mask)  # [1, n_heads, T, d]
+            return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
         k, v = torch.cat([ctx_k, k_blk], dim=2), torch.cat([ctx_v, v_blk], dim=2)
         groups = self.n_heads // self.n_kv
         if mask is None or mask.shape[-2] == 1:
@@ -174,7 +185,8 @@ class DFlashLayer(nn.Module):
             {"gate_proj": nn.Linear(h, i, bias=False), "up_proj": nn.Linear(h, i, bias=False), "down_proj": nn.Linear(i, h, bias=False)}
         )
 
-    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
+                mask: Tensor | FlexLayout | None = None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, mask)
         h = self.post_attention_layernorm(x)
         mlp = self.mlp
@@ -204,7 +216,8 @@ class DFlashDraftModel(nn.Module):
         cos, sin = self.rope(positions, fused.dtype)
         return [layer.self_attn.keys_values(fused, cos, sin) for layer in self.layers]
 
-    def forward(self, block: Tensor, positions: Tensor, context: list[tuple[Tensor, Tensor]], mask: Tensor | None = None) -> Tensor:
+    def forward(self, block: Tensor, positions: Tensor, context: list[tuple[Tensor, Tensor]],
+                mask: Tensor | FlexLayout | None = None) -> Tensor:
         """Block embeddings ``[1, T, H]`` at ``positions`` ``[T]`` -> normed states ``[1, T, H]``."""
         cos, sin = self.rope(positions, block.dtype)
         x = block

@@ -18,6 +18,16 @@ rotary embedding and SiLU-and-mul run as ``torch.compile``d kernels inside its f
 (``ddtree.models.fused``): inside a graph the many tiny eager kernels they otherwise launch
 cost about a third of a budget-256 verify. The kernels are compiled once on tiny tensors before
 the first forward; only if that fails (no working compiler) does the target fall back to the stock ones.
+
+Long context (``attention``): a dense mask over the live width keeps SDPA off its flash kernels and
+costs one graph per width bucket. With ``attention="flex"``, and with ``"auto"`` on CUDA once the
+live length reaches ``flex_threshold`` rows, a verify runs block-sparse FlexAttention instead
+(``ddtree.models.flex_attention``): the committed prefix is read with no mask, the tree block
+through its ``[n, n]`` ancestor visibility, and one graph per verify size n serves every prefix
+length (the prefix length P and the visibility are written in place before each replay). Dense
+and flex graphs coexist. Such a prefill runs in chunks of ``prefill_chunk`` rows: the first
+``n mod prefill_chunk`` rows with a dense causal mask of that square size, every further chunk
+with FlexAttention over the rows before it, so no buffer grows with prompt x context.
 """
 
 from __future__ import annotations
@@ -31,25 +41,30 @@ from torch import Tensor
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from ddtree.models import fused
+from ddtree.models import flex_attention, fused
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.folded_mask import FoldedMasks
+from ddtree.models.flex_attention import FlexLayout
 from ddtree.models.target import HFTarget
 from ddtree.types import TargetOutput, VerifyInputs
 
 log = logging.getLogger(__name__)
 
 
+ATTENTIONS = ("auto", "dense", "flex")
+
+
 @dataclass(frozen=True)
 class _VerifyGraph:
-    """One captured verify of n tokens over W cache rows, with every buffer it reads or writes:
-    the inputs are copied into ``ids`` and ``positions`` and the mask rewritten in ``mask``
-    before each replay; ``logits`` ``[n, vocab]`` and ``taps`` are overwritten by it."""
+    """One captured verify of n tokens over W cache rows (or over a ``FlexLayout``), with every
+    buffer it reads or writes: the inputs are copied into ``ids`` and ``positions`` and the mask
+    rewritten in ``mask`` (a layout's P and visibility) before each replay; ``logits``
+    ``[n, vocab]`` and ``taps`` are overwritten by it."""
 
     graph: torch.cuda.CUDAGraph
     ids: Tensor  # [1, n]
     positions: Tensor  # [1, n]
-    mask: Tensor  # [1, 1, groups * n, W]
+    mask: Tensor | FlexLayout  # [1, 1, groups * n, W], or the layout whose tables the graph rebuilds
     logits: Tensor
     taps: Tensor | None
 
@@ -57,14 +72,26 @@ class _VerifyGraph:
 class StaticTarget(HFTarget):
     """``HFTarget`` over a ``StaticCache`` of ``max_length`` rows, optionally CUDA-graphed.
 
-    ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device.
+    ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device. ``attention``:
+    ``"dense"`` (masked SDPA), ``"flex"`` (block-sparse FlexAttention for every verify), or
+    ``"auto"`` (flex on CUDA from ``flex_threshold`` live rows on, dense below and on the CPU).
 
     >>> target = StaticTarget(model, max_length=4096)     # doctest: +SKIP
+    >>> long = StaticTarget(model, max_length=135168, attention="auto", flex_threshold=4096)  # doctest: +SKIP
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
-                 width_step: int = 256, fuse: bool | None = None) -> None:
+                 width_step: int = 256, fuse: bool | None = None, attention: str = "auto",
+                 flex_threshold: int = 4096, prefill_chunk: int = 4096) -> None:
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be a positive number of rows, got {prefill_chunk}")
         super().__init__(model, max_length=max_length)
+        self.attention, self.flex_threshold, self.prefill_chunk = attention, int(flex_threshold), int(prefill_chunk)
+        self._flex_probed = False
+        self._layouts: dict[int, FlexLayout] = {}  # n -> the layout every flex forward of n queries reads
+        self._flex_graphs: dict[int, _VerifyGraph] = {}
         use_folded_sdpa(model)
         self.width_step = width_step
         self.groups = self.config.num_attention_heads // self.config.num_key_value_heads
@@ -92,20 +119,48 @@ class StaticTarget(HFTarget):
         """Compile the fused functions once, outside any forward: without a working compiler the
         stock kernels run instead (the same math). An error of the forward itself propagates."""
         self._probed = True
+        self.fuse = self._compiles(fused.probe, (
+            "runs the stock kernels instead of the fused ones: the same tokens, slower inside CUDA graphs. "
+            "Install a working C++ compiler (and Triton on CUDA) for the fused kernels, or pass fuse=False "
+            "to silence this."))
+
+    def _compiles(self, probe, instead: str) -> bool:
+        """Whether ``probe(dtype, device)`` compiles; if not, a warning says why and what the target does ``instead``."""
         try:
-            fused.probe(self.dtype, self.input_device)
+            probe(self.dtype, self.input_device)
         except fused.COMPILER_ERRORS as err:
-            log.warning(
-                "torch.compile does not work here (%s: %s), so StaticTarget runs the stock kernels instead of "
-                "the fused ones: the same tokens, slower inside CUDA graphs. Install a working C++ compiler "
-                "(and Triton on CUDA) for the fused kernels, or pass fuse=False to silence this.",
-                type(err).__name__, (str(err).splitlines() or [""])[0],
-            )
-            self.fuse = False
+            log.warning("torch.compile does not work here (%s: %s), so StaticTarget %s",
+                        type(err).__name__, (str(err).splitlines() or [""])[0], instead)
+            return False
+        return True
+
+    def _uses_flex(self, rows: int) -> bool:
+        """Whether a forward reaching ``rows`` live cache rows runs FlexAttention."""
+        if self.attention == "dense" or (self.attention == "auto" and (
+                self.input_device.type != "cuda" or rows < self.flex_threshold)):
+            return False
+        if self.input_device.type == "cuda" and not self._flex_probed:
+            self._probe_flex()
+        return self.attention != "dense"
+
+    def _probe_flex(self) -> None:
+        """Compile FlexAttention once, outside any forward and graph capture; without a working
+        compiler it would materialise the scores, so the target stays dense instead."""
+        self._flex_probed = True
+        if not self._compiles(flex_attention.probe, (
+                "keeps the dense-mask attention: the same tokens, slower at long context. Install Triton "
+                "for the FlexAttention kernels, or pass attention='dense' to silence this.")):
+            self.attention = "dense"
+
+    def _layout(self, n: int) -> FlexLayout:
+        if n not in self._layouts:
+            self._layouts[n] = FlexLayout(n, self.max_length, self.input_device)
+        return self._layouts[n]
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
             self._graphs.clear()  # a graph replays the taps it was recorded with (no-op if unchanged)
+            self._flex_graphs.clear()
         super().set_taps(layers)
 
     def new_cache(self) -> StaticCache:
@@ -124,18 +179,45 @@ class StaticTarget(HFTarget):
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
         ids = input_ids.reshape(1, -1)
+        n = ids.shape[1]
+        if n > self.max_length:
+            raise ValueError(f"a prompt of {n} tokens exceeds the static cache of {self.max_length} rows")
         self.new_cache()
         self.past_length = 0
-        mask = self.masks.prefill(ids.shape[1])
-        out = self._forward(ids, torch.arange(ids.shape[1])[None], mask, logits_to_keep=1)
+        if self._uses_flex(n):
+            out = self._chunked_prefill(ids)
+        else:
+            out = self._forward(ids, torch.arange(n)[None], self.masks.prefill(n), logits_to_keep=1)
         self._check_cache()
-        self.past_length = ids.shape[1]
+        self.past_length = n
         return out
+
+    def _chunked_prefill(self, ids: Tensor) -> TargetOutput:
+        """The prompt ``ids`` ``[1, n]`` in chunks: the first ``n mod prefill_chunk`` rows under a
+        dense causal mask of their own square size, then each chunk of ``prefill_chunk`` rows with
+        FlexAttention over every row before it (one compiled kernel for every chunk). Logits of the
+        last row; taps ``[n, n_taps * hidden]`` of every row."""
+        n, chunk = ids.shape[1], self.prefill_chunk
+        head = n % chunk
+        outs = []
+        if head:
+            outs.append(self._forward(ids[:, :head], torch.arange(head)[None], self.masks.prefill(head), logits_to_keep=1))
+        if head < n:
+            layout = self._layout(chunk)
+            causal = torch.ones(chunk, chunk, dtype=torch.bool, device=self.input_device).tril()
+            for start in range(head, n, chunk):
+                layout.set(start, causal)
+                positions = torch.arange(start, start + chunk)[None]
+                outs.append(self._forward(ids[:, start : start + chunk], positions, layout.block_mask, logits_to_keep=1))
+        taps = None if outs[0].taps is None else torch.cat([o.taps for o in outs])
+        return TargetOutput(tokens=ids[0], logits=outs[-1].logits, taps=taps)
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         n, past = inputs.input_ids.shape[1], inputs.past_length
         if past + n > self.max_length:
             raise ValueError(f"verify of {n} tokens after {past} exceeds the static cache of {self.max_length} rows")
+        if self._uses_flex(past + n):
+            return self._flex_tree(inputs)
         mask = self.masks.verify(n, inputs.attention_mask, past)
         if not self.cuda_graphs:
             return self._forward(inputs.input_ids, inputs.position_ids, mask, logits_to_keep=0)
@@ -150,22 +232,51 @@ class StaticTarget(HFTarget):
         rec.graph.replay()
         return TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps)
 
-    def _record_graph(self, n: int, mask: Tensor) -> "_VerifyGraph":
-        """Record one verify of n tokens. Warm-up runs write rows past the committed length only,
-        and every counter is set back afterwards, so capturing never disturbs the sequence."""
+    def _flex_tree(self, inputs: VerifyInputs) -> TargetOutput:
+        """``forward_tree`` through the FlexAttention layout of its size: P and the ancestor
+        visibility written in place, then the one graph of that size replayed (it rebuilds the
+        block tables from P itself)."""
+        n, past = inputs.input_ids.shape[1], inputs.past_length
+        layout = self._layout(n)
+        tree = inputs.attention_mask  # a bool [n, n] visibility, or a MaskCompiler's additive [1, 1, n, past + n]
+        visible = tree if tree.dtype == torch.bool else tree[0, 0, :, past : past + n] == 0
+        if not self.cuda_graphs:
+            layout.set(past, visible.to(layout.visible.device))
+            return self._forward(inputs.input_ids, inputs.position_ids, layout.block_mask, logits_to_keep=0)
+        layout.past.fill_(past)
+        layout.visible.copy_(visible, non_blocking=True)
+        if n not in self._flex_graphs:
+            self._flex_graphs[n] = self._record_graph(n, layout)
+        rec = self._flex_graphs[n]
+        rec.ids.copy_(inputs.input_ids, non_blocking=True)
+        rec.positions.copy_(inputs.position_ids, non_blocking=True)
+        rec.graph.replay()
+        return TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps)
+
+    def _record_graph(self, n: int, mask: Tensor | FlexLayout) -> "_VerifyGraph":
+        """Record one verify of n tokens (a layout's table rebuild first, inside the graph). Warm-up
+        runs write rows past the committed length only, and every counter is set back afterwards,
+        so capturing never disturbs the sequence."""
         ids = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
         positions = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
         start = self.past_length
+
+        def verify() -> TargetOutput:
+            if isinstance(mask, FlexLayout):
+                mask.refresh()
+                return self._forward(ids, positions, mask.block_mask, logits_to_keep=0)
+            return self._forward(ids, positions, mask, logits_to_keep=0)
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(ids, positions, mask, logits_to_keep=0)
+                verify()
                 self._set_counters(start)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self._forward(ids, positions, mask, logits_to_keep=0)
+            out = verify()
         self._set_counters(start)
         return _VerifyGraph(graph, ids, positions, mask, out.logits, out.taps)
 

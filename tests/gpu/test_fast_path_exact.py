@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import check_budget_sequence, greedy_reference, tiny_dflash, tiny_target
+from ddtree.testing import check_budget_sequence, fp32_cuda_pair
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -29,14 +29,7 @@ SEQUENCES = {
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = tiny_target("qwen3", vocab_size=VOCAB).cuda()
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
-    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
-    dflash = tiny_dflash(model, block_size=BLOCK).cuda()
-    return model, prompts, refs, dflash
+    return fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=1)
 
 
 def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
@@ -53,12 +46,8 @@ def test_budget_sequences_on_one_target_are_greedy(setup, sequence, drafter_kind
 
 
 def test_llama_sizes_revisited_fused(setup):
-    model = tiny_target("llama", vocab_size=VOCAB).cuda()
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
-    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
-    llama = (model, prompts, refs, tiny_dflash(model, block_size=BLOCK).cuda())
-    _check_sequence(llama, StaticTarget(model, max_length=512), "replay", [4, 2, 5, 4, "ar", 4])
+    llama = fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=2, family="llama")
+    _check_sequence(llama, StaticTarget(llama[0], max_length=512), "replay", [4, 2, 5, 4, "ar", 4])
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from ddtree.models.gdn_tree import solve_tree_delta_rule
 from ddtree.models.hybrid_static import StaticHybridTarget
-from ddtree.testing import (check_budget_sequence, greedy_reference, per_node_delta_rule, tiny_dflash,
-                            tiny_hybrid_target)
+from ddtree.testing import check_budget_sequence, fp32_cuda_pair, per_node_delta_rule
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -28,13 +27,7 @@ SEQUENCES = {
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model = tiny_hybrid_target(vocab_size=VOCAB).cuda()
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(6, VOCAB - 8, (n,), generator=gen) for n in LENGTHS]
-    refs = [greedy_reference(model, p.cuda(), NEW + BLOCK) for p in prompts]
-    return model, prompts, refs, tiny_dflash(model, block_size=BLOCK).cuda()
+    return fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=1, family="qwen35")
 
 
 def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:

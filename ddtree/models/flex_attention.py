@@ -1,0 +1,164 @@
+"""Block-sparse FlexAttention for verifies and drafts at long context: no dense mask.
+
+A query block of n tokens at committed length P sees every cache row below P, and the rows
+P..P+n-1 (its own) through an ``[n, n]`` visibility (the tree's ancestor mask; all-True for the
+DFlash block, lower-triangular for a prefill chunk). ``FlexLayout`` keeps, for one n over a cache
+of ``kv_length`` rows, a 0-dim device tensor P, the ``[n, n]`` bool visibility, and the block
+tables a ``BlockMask`` reads, all in static buffers: ``refresh`` rewrites the tables from P with
+device ops of static shape, so one CUDA graph per n serves every prefix length (write P and the
+visibility in place, replay). Blocks wholly below P are "full" (read with no ``mask_mod`` call);
+only the blocks over [P, P + n) are partial; nothing at or past P + n is read at all.
+
+On CUDA, ``attend`` runs ``torch.compile``d ``flex_attention`` (one kernel per n, compiled on
+first use: run it once before a graph capture, ``probe``); elsewhere the eager reference, which
+materialises the scores and applies ``mask_mod`` everywhere (block tables unused): the same
+math, for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
+# Every verify size a target serves is one compiled kernel (Dynamo's default allows 8 per function).
+RECOMPILE_LIMIT = 64
+
+
+def visibility_mask_mod(past: Tensor, visible: Tensor) -> Callable:
+    """``kv < P or (P <= kv < P + n and visible[q, kv - P])``, P = ``past`` (0-dim), visible ``[n, n]`` bool."""
+    n = visible.shape[0]
+
+    def mask_mod(b, h, q, kv):
+        offset = kv - past
+        own = (offset >= 0) & (offset < n)
+        # Indices are clamped: the kernels may call this for padding rows and columns.
+        return (kv < past) | (own & visible[q.clamp(0, n - 1), offset.clamp(0, n - 1)])
+
+    return mask_mod
+
+
+class FlexLayout:
+    """The ``BlockMask`` of n queries over ``kv_length`` cache rows, rebuilt in place from P.
+
+    >>> layout = FlexLayout(3, 512, torch.device("cpu"))
+    >>> layout.set(200, torch.ones(3, 3, dtype=torch.bool).tril())
+    >>> int(layout.full_num_blocks[0, 0, 0]), int(layout.kv_num_blocks[0, 0, 0]), int(layout.kv_indices[0, 0, 0, 0])
+    (1, 1, 1)
+    """
+
+    def __init__(self, n: int, kv_length: int, device: torch.device) -> None:
+        self.n, self.kv_length = n, kv_length
+        q_blocks, kv_blocks = math.ceil(n / KV_BLOCK), math.ceil(kv_length / KV_BLOCK)
+        self.past = torch.zeros((), dtype=torch.long, device=device)  # P
+        self.visible = torch.zeros(n, n, dtype=torch.bool, device=device)  # [n, n]
+        self.rows = torch.arange(n, device=device)  # [n] P + 0..n-1: the cache rows of the queries' own keys
+        self._blocks = torch.arange(kv_blocks, dtype=torch.int32, device=device)  # [kv_blocks]
+        shape = (1, 1, q_blocks)
+        self.kv_num_blocks = torch.zeros(shape, dtype=torch.int32, device=device)  # partial blocks
+        self.kv_indices = torch.zeros(*shape, kv_blocks, dtype=torch.int32, device=device)
+        self.full_num_blocks = torch.zeros(shape, dtype=torch.int32, device=device)  # blocks below P
+        self.full_indices = self._blocks.expand(*shape, kv_blocks).contiguous()  # never rewritten
+        self.refresh()
+        self.block_mask = BlockMask.from_kv_blocks(
+            self.kv_num_blocks, self.kv_indices, self.full_num_blocks, self.full_indices, BLOCK_SIZE=KV_BLOCK,
+            mask_mod=visibility_mask_mod(self.past, self.visible), seq_lengths=(n, kv_length),
+            compute_q_blocks=False,  # forward only
+        )
+
+    def refresh(self) -> None:
+        """Rewrite the block tables and ``rows`` from ``past`` (device ops, no host sync: graph-safe).
+        Every query block gets the same tables: blocks [0, P // 128) full, then the partial ones
+        up to the block of row P + n - 1."""
+        first = torch.div(self.past, KV_BLOCK, rounding_mode="floor")
+        last = torch.div(self.past + self.n - 1, KV_BLOCK, rounding_mode="floor")
+        self.full_num_blocks.copy_(first.to(torch.int32).expand_as(self.full_num_blocks))
+        self.kv_num_blocks.copy_((last - first + 1).to(torch.int32).expand_as(self.kv_num_blocks))
+        partial = (self._blocks + first.to(torch.int32)).clamp(max=self._blocks.numel() - 1)
+        self.kv_indices.copy_(partial.expand_as(self.kv_indices))
+        torch.add(self.past, torch.arange(self.n, device=self.rows.device), out=self.rows)
+
+    def move(self, past: int | Tensor) -> None:
+        """Write P (an int, or a 0-dim device tensor) in place, then ``refresh``."""
+        if isinstance(past, Tensor):
+            self.past.copy_(past)
+        else:
+            self.past.fill_(past)
+        self.refresh()
+
+    def set(self, past: int | Tensor, visible: Tensor) -> None:
+        """Write P and the ``[n, n]`` visibility in place, then ``refresh``."""
+        self.visible.copy_(visible, non_blocking=True)
+        self.move(past)
+
+
+# -- the kernel ---------------------------------------------------------------------------------
+
+_COMPILED: list[Callable] = []
+
+
+def _compiled() -> Callable:
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(flex_attention, dynamic=False, fullgraph=True))
+    return _COMPILED[0]
+
+
+def kernel_options(n: int, groups: int, dtype: torch.dtype, capability: tuple[int, int]) -> dict:
+    """Triton options for n queries with ``groups`` query heads per K/V head on a GPU of ``capability``.
+
+    Queries shorter than 128 rows run FlexAttention's decoding kernel, which stacks the ``groups``
+    heads of a K/V head into one tile of ``BLOCK_M`` rows; its default (the next power of two of
+    n * groups) must divide the 128-row query block, so a longer stack (n * groups > 128, e.g. a
+    65-token verify with 4 groups) is cut into 64- or 128-row tiles. Ampere parts other than the
+    A100 (sm_86/sm_89: A6000, RTX 30/40) have ~100 KB of shared memory per block against 164 KB
+    (A100) and 228 KB (H100/H200): the defaults picked for sm_80 (128 x 64 tiles, 3 stages, head
+    dim 128) do not fit there, so they get 64 x 64 tiles in 2 stages (fp32: 32 x 32, 1 stage).
+    """
+    small_smem = capability[0] == 8 and capability[1] != 0
+    options: dict = {}
+    if small_smem:
+        wide = dtype in (torch.float16, torch.bfloat16)
+        options.update(BLOCK_M=64 if wide else 32, BLOCK_N=64 if wide else 32, num_stages=2 if wide else 1)
+    if n < KV_BLOCK:  # the decoding kernel: one tile per K/V head holds groups * BLOCK_M / groups rows
+        stacked = max(16, 1 << max(n * groups - 1, 0).bit_length())
+        options["BLOCK_M"] = min(stacked, 64 if small_smem else KV_BLOCK)
+    return options
+
+
+def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, scale: float | None = None) -> Tensor:
+    """``query`` [1, Hq, n, d] over ``key``/``value`` [1, Hkv, L, d] under ``block_mask`` -> [1, Hq, n, d]."""
+    groups = query.shape[1] // key.shape[1]
+    gqa = groups > 1
+    if query.device.type != "cuda":
+        with warnings.catch_warnings():  # the eager reference materialises the scores, and says so
+            warnings.simplefilter("ignore", UserWarning)
+            return flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    options = kernel_options(query.shape[2], groups, query.dtype, torch.cuda.get_device_capability(query.device))
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        return _compiled()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+                           kernel_options=options)
+
+
+def flex_attention_forward(module, query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask,
+                           scaling: float | None = None) -> tuple[Tensor, None]:
+    """A transformers attention function's result: ``[1, n, Hq, d]`` and no weights."""
+    return attend(query, key, value, block_mask, scaling).transpose(1, 2).contiguous(), None
+
+
+def probe(dtype: torch.dtype, device: torch.device) -> None:
+    """Compile and run ``attend`` once on tiny tensors (4 query heads over 2 K/V heads, head dim 16):
+    raises what the compiler raises (``ddtree.models.fused.COMPILER_ERRORS``). Run it outside any
+    forward and before any graph capture.
+
+    >>> probe(torch.bfloat16, torch.device("cuda"))     # doctest: +SKIP
+    """
+    layout = FlexLayout(2, 2 * KV_BLOCK, device)
+    layout.set(KV_BLOCK + 3, torch.ones(2, 2, dtype=torch.bool, device=device).tril())
+    q = torch.ones(1, 4, 2, 16, dtype=dtype, device=device)
+    kv = torch.ones(1, 2, 2 * KV_BLOCK, 16, dtype=dtype, device=device)
+    attend(q, kv, kv, layout.block_mask)

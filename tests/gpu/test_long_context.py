@@ -1,0 +1,91 @@
+"""Block-sparse FlexAttention on a GPU, in fp32 (run with ``pytest -m gpu`` on a machine with CUDA).
+
+The compiled kernel against dense-mask SDPA on random trees and prefix lengths (one layout per
+size, P rewritten in place, as a graph replays it), and the tokens of every strategy through a
+graphed ``attention="flex"`` target against the eager target's own greedy text. The prompts make
+generation cross several 128-row key blocks; the budget sequences revisit sizes after others.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddtree import SpeculativeEngine
+from ddtree.drafters import DFlashDrafter, NullDrafter
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models.flex_attention import FlexLayout, attend
+from ddtree.models.static_target import StaticTarget
+from ddtree.testing import check_budget_sequence, fp32_cuda_pair, random_tree_visibility
+from ddtree.trees import ChainTreeBuilder
+from ddtree.verifiers import GreedyVerifier
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+VOCAB, NEW, BLOCK = 128, 160, 8
+LENGTHS = (13, 250, 300, 517)  # 250 + 160 crosses the blocks at 256 and 384; 517 starts past 4 blocks
+SEQUENCES = {
+    "all-strategies": ["ar", "chain", 4, 16, 64],
+    "sizes-revisited": [4, 64, 16, "ar", 4, "chain", 64],
+}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=3)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("n", [1, 5, 16, 65, 129, 257])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (4, 2, 16)])
+def test_compiled_kernel_equals_dense_sdpa_on_random_trees(n, heads, dtype, tol):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    q_heads, kv_heads, dim = heads
+    length = 3000
+    gen = torch.Generator().manual_seed(n)
+    layout = FlexLayout(n, length, torch.device("cuda"))
+    k, v = (torch.randn(1, kv_heads, length, dim, generator=gen).to("cuda", dtype) for _ in range(2))
+    for past in (0, 127, 128, 1000, length - n):  # one layout, rewritten in place
+        vis = random_tree_visibility(n, gen)
+        layout.set(past, vis.cuda())
+        q = torch.randn(1, q_heads, n, dim, generator=gen).to("cuda", dtype)
+        dense = torch.zeros(n, length, dtype=torch.bool)
+        dense[:, :past] = True
+        dense[:, past : past + n] = vis
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=dense.cuda(), enable_gqa=True)
+        out = attend(q, k, v, layout.block_mask)
+        torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+def test_one_graph_per_size_serves_every_prefix_length(setup):
+    model, prompts, refs, _ = setup
+    target = StaticTarget(model, max_length=1024, attention="flex", prefill_chunk=128)
+    engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder(), DenseMaskCompiler(), GreedyVerifier())
+    for prompt, ref in zip(prompts, refs):
+        assert engine.generate(prompt, max_new_tokens=NEW).tokens == ref[:NEW]
+    assert sorted(target._flex_graphs) == [1] and not target._graphs
+
+
+@pytest.mark.parametrize("sequence", sorted(SEQUENCES))
+@pytest.mark.parametrize("drafter_kind", ["replay", "dflash-flex-graph"])
+@pytest.mark.parametrize("attention,chunk", [("flex", 128), ("flex", 4096), ("auto", 128)])
+def test_flex_graphed_strategies_are_greedy(setup, sequence, drafter_kind, attention, chunk):
+    """``auto`` with a 256-row threshold switches from dense to flex graphs mid-generation."""
+    model, prompts, refs, dflash = setup
+    target = StaticTarget(model, max_length=1024, attention=attention, flex_threshold=256, prefill_chunk=chunk)
+    check_budget_sequence(target, SEQUENCES[sequence], drafter_kind, prompts, refs, dflash, NEW, VOCAB, BLOCK, 1024)
+    if attention == "auto":
+        assert target._graphs and target._flex_graphs  # both kinds, one target
+
+
+def test_flex_drafter_graph_drafts_what_the_eager_drafter_drafts(setup):
+    model, prompts, _, dflash = setup
+    target = StaticTarget(model, max_length=1024, cuda_graphs=False, attention="dense")
+    eager = DFlashDrafter(dflash, target, BLOCK, max_length=1024, attention="dense")
+    graphed = DFlashDrafter(dflash, target, BLOCK, max_length=1024, cuda_graphs=True, attention="flex")
+    target.set_taps(eager.hidden_layers)
+    with torch.inference_mode():
+        prompt = target.prefill(prompts[3].cuda())
+        for drafter in (eager, graphed):
+            drafter.reset(prompt)
+        for root in (5, 9, 17):
+            torch.testing.assert_close(graphed.draft(root).log_probs, eager.draft(root).log_probs, atol=1e-4, rtol=1e-4)
