@@ -8,7 +8,8 @@ into those buffers before the run, so the graph recorded in the first round serv
 one and is never recorded again.
 
 Attention reads the whole static cache with a mask that hides every row past the query's own
-position. Padding rows and chained steps write K/V past the committed length: the mask hides
+position; the mask is folded (``groups`` copies of its rows), so the query heads that share a
+K/V head attend as one and the cache is never expanded to the query heads. Padding rows and chained steps write K/V past the committed length: the mask hides
 them, and the next round writes its own rows there before any query can see them.
 """
 
@@ -43,6 +44,7 @@ class StaticChain:
         self.device, self.dtype = param.device, param.dtype
         self.rows, self.max_length = steps + 1, max_length
         self.kv = StaticKV(head, max_length)
+        head.use_folded_sdpa()
         self.hidden = torch.zeros(self.rows, head.hidden_size, device=self.device, dtype=self.dtype)  # [R, H]
         self.tokens = torch.zeros(self.rows, dtype=torch.long, device=self.device)  # [R]
         self.count = torch.ones(1, dtype=torch.long, device=self.device)  # [1] real pairs among the R
@@ -109,7 +111,8 @@ class StaticChain:
         """The head over n pairs ``[n, H]`` at ``positions`` ``[n]``, over the whole cache. ``[n, H]``"""
         hidden_cols = self._cols[None] > positions[:, None]  # [n, max_length] rows past each query's position
         mask = torch.zeros(hidden_cols.shape, device=self.device, dtype=self.dtype)
-        mask = mask.masked_fill(hidden_cols, torch.finfo(self.dtype).min)[None, None]  # [1, 1, n, max_length]
+        mask = mask.masked_fill(hidden_cols, torch.finfo(self.dtype).min).repeat(self.head.groups, 1)
+        mask = mask[None, None]  # [1, 1, groups * n, max_length] folded
         kv = self.kv.at(positions, self.max_length)
         return self.head(embeds[None], hidden[None], positions[None], kv, attention_mask=mask)[0]
 

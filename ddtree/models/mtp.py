@@ -27,8 +27,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
-from transformers import AutoConfig, DynamicCache, PretrainedConfig
+from transformers import AttentionInterface, AutoConfig, DynamicCache, PretrainedConfig
 
+from ddtree.models.attention import NAME as FOLDED_SDPA
+from ddtree.models.attention import folded_sdpa
 from ddtree.models.loading import resolve_checkpoint
 
 # model_type -> (transformers module, class-name prefix, rotary class). One line per family.
@@ -152,6 +154,18 @@ class MTPHead(nn.Module):
     @property
     def vocab_size(self) -> int:
         return int(self.config.vocab_size)
+
+    @property
+    def groups(self) -> int:
+        """Query heads per K/V head of the inner layer."""
+        return int(self.layer_config.num_attention_heads) // int(self.layer_config.num_key_value_heads)
+
+    def use_folded_sdpa(self) -> None:
+        """Attention by ``ddtree.models.attention.folded_sdpa``: a mask of ``groups * n`` rows folds
+        the query heads sharing a K/V head into the query length, so no K/V copy is made; any
+        other mask, or none, runs stock SDPA (the same math either way)."""
+        AttentionInterface.register(FOLDED_SDPA, folded_sdpa)
+        self.layer_config._attn_implementation = FOLDED_SDPA
 
     def forward(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor, cache: DynamicCache | None = None,
                 attention_mask: Tensor | None = None) -> Tensor:
