@@ -86,16 +86,25 @@ class MTPDrafter:
         """The static cache and graph of the fast path, or None for the eager drafter."""
         if cuda_graphs not in (True, False, "auto"):
             raise ValueError(f"cuda_graphs must be true, false or auto, got {cuda_graphs!r}")
-        on_gpu, replayable = self.device.type == "cuda", graphable(self.head.layer_config)
+        on_gpu, problem = self.device.type == "cuda", self._graph_problem()
         if cuda_graphs == "auto":
-            cuda_graphs = on_gpu and replayable
+            cuda_graphs = on_gpu and problem is None
         if not cuda_graphs or self.steps == 0:
             return None
-        if on_gpu and not replayable:
-            raise ValueError("this MTP head's layer routes tokens to experts, which a CUDA graph cannot replay; "
-                             "pass cuda_graphs=False (or auto)")
+        if on_gpu and problem is not None:
+            raise ValueError(f"{problem}; pass cuda_graphs=False (or auto)")
         length = int(max_length or min(self.target.max_length, 16384))
         return StaticChain(self.head, self.target, self.steps, length, graphs=on_gpu)
+
+    def _graph_problem(self) -> str | None:
+        """Why a CUDA graph cannot replay this head's draft, or None."""
+        if not graphable(self.head.layer_config):
+            return "this MTP head's layer routes tokens to experts, which a CUDA graph cannot replay"
+        # The graph replays the head, the target's embedding and its LM head: one device for all three.
+        devices = {self.device, torch.device(self.target.input_device), torch.device(self.target.output_device)}
+        if len(devices) > 1:
+            return f"the MTP head and the target's embedding and LM head sit on {sorted(map(str, devices))}, not one device"
+        return None
 
     @property
     def cuda_graphs(self) -> bool:
