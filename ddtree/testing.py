@@ -363,3 +363,33 @@ def fp32_cuda_pair(lengths, new_tokens: int, block_size: int, vocab_size: int = 
     prompts = [torch.randint(6, vocab_size - 8, (n,), generator=gen) for n in lengths]
     refs = [greedy_reference(model, p.cuda(), new_tokens + block_size) for p in prompts]
     return model, prompts, refs, tiny_dflash(model, block_size=block_size).cuda()
+
+
+class LockstepDrafter:
+    """Runs ``drafter`` and ``reference`` on the same calls and checks each of the first's drafts
+    against the second's: the same top-1 token per depth, log-probs within ``atol``/``rtol``.
+    The engine decodes with ``drafter``'s drafts; ``rounds`` counts the drafts compared.
+
+    >>> twin = LockstepDrafter(MTPDrafter(head, t, cuda_graphs=True), MTPDrafter(head, t))   # doctest: +SKIP
+    """
+
+    def __init__(self, drafter, reference, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+        self.drafter, self.reference, self.atol, self.rtol = drafter, reference, atol, rtol
+        self.hidden_layers = tuple(drafter.hidden_layers)
+        self.rounds = 0
+
+    def reset(self, prompt) -> None:
+        self.drafter.reset(prompt)
+        self.reference.reset(prompt)
+
+    def draft(self, root_token: int):
+        mine, ref = self.drafter.draft(root_token), self.reference.draft(root_token)
+        where = f"draft {self.rounds} (root {root_token})"
+        assert mine.log_probs.argmax(-1).tolist() == ref.log_probs.argmax(-1).tolist(), f"{where}: top-1 tokens differ"
+        torch.testing.assert_close(mine.log_probs, ref.log_probs, atol=self.atol, rtol=self.rtol, msg=lambda m: f"{where}: {m}")
+        self.rounds += 1
+        return mine
+
+    def accept(self, verification, context) -> None:
+        self.drafter.accept(verification, context)
+        self.reference.accept(verification, context)

@@ -10,6 +10,10 @@ Cache. Only pairs of two committed tokens with the target's true hidden are kept
 a pair (the root is always committed); chained steps use h', so they are cropped after every
 draft. The accepted path's pairs (from the verify's hidden taps) are queued in ``accept`` and
 fed in one forward, together with step 1, at the next ``draft``.
+
+Fast path. With ``cuda_graphs`` the cache is static (``max_length`` rows) and each round's k
+steps run from fixed-shape buffers, replayed from one CUDA graph on a GPU
+(``ddtree.drafters.mtp_static``); the queue above is the same in both modes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from ddtree.drafters.mtp_static import StaticChain
+from ddtree.models.dispatch import graphable
 from ddtree.models.mtp import MTPHead
 from ddtree.types import FINAL_NORM, Draft, TargetOutput, Verification
 
@@ -48,13 +54,19 @@ class MTPDrafter:
     builder takes the top-1 path and ``BestFirstTreeBuilder`` branches along it (MTP-tree).
     With ``top_k`` the other entries are -inf, which caps a tree's width per depth.
 
+    ``cuda_graphs``: False drafts eagerly over a growing cache. True drafts from a static cache
+    of ``max_length`` rows, replayed from a CUDA graph when the head is on a GPU; elsewhere the
+    same static code runs op by op (as ``DFlashDrafter`` falls back). "auto" is True on a GPU
+    for a head whose layer a graph can replay (no mixture of experts), False otherwise.
+
     >>> drafter = MTPDrafter(MTPHead.from_pretrained(path), target, steps=3)      # doctest: +SKIP
     >>> SpeculativeEngine(target, drafter, ChainTreeBuilder(), ...).generate(ids)  # doctest: +SKIP
     """
 
     hidden_layers: tuple[int, ...] = (FINAL_NORM,)
 
-    def __init__(self, head: MTPHead, target, steps: int = 3, top_k: int | None = None) -> None:
+    def __init__(self, head: MTPHead, target, steps: int = 3, top_k: int | None = None,
+                 max_length: int | None = None, cuda_graphs: bool | str = False) -> None:
         if not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer (0 drafts nothing, as AR), got {steps!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
@@ -68,6 +80,36 @@ class MTPDrafter:
         self._hidden = torch.empty(0, head.hidden_size, device=self.device, dtype=self.dtype)  # [P, H] queued
         self._tokens: list[int] = []  # [P] the token after each queued hidden
         self._last: Tensor | None = None  # [H] hidden of the last committed token, awaiting its next token
+        self._chain = self._static_chain(cuda_graphs, max_length)
+
+    def _static_chain(self, cuda_graphs: bool | str, max_length: int | None) -> StaticChain | None:
+        """The static cache and graph of the fast path, or None for the eager drafter."""
+        if cuda_graphs not in (True, False, "auto"):
+            raise ValueError(f"cuda_graphs must be true, false or auto, got {cuda_graphs!r}")
+        on_gpu, problem = self.device.type == "cuda", self._graph_problem()
+        if cuda_graphs == "auto":
+            cuda_graphs = on_gpu and problem is None
+        if not cuda_graphs or self.steps == 0:
+            return None
+        if on_gpu and problem is not None:
+            raise ValueError(f"{problem}; pass cuda_graphs=False (or auto)")
+        length = int(max_length or min(self.target.max_length, 16384))
+        return StaticChain(self.head, self.target, self.steps, length, graphs=on_gpu)
+
+    def _graph_problem(self) -> str | None:
+        """Why a CUDA graph cannot replay this head's draft, or None."""
+        if not graphable(self.head.layer_config):
+            return "this MTP head's layer routes tokens to experts, which a CUDA graph cannot replay"
+        # The graph replays the head, the target's embedding and its LM head: one device for all three.
+        devices = {self.device, torch.device(self.target.input_device), torch.device(self.target.output_device)}
+        if len(devices) > 1:
+            return f"the MTP head and the target's embedding and LM head sit on {sorted(map(str, devices))}, not one device"
+        return None
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether drafts are replayed from a CUDA graph."""
+        return self._chain is not None and self._chain.graphs
 
     def _taps(self, taps: Tensor) -> Tensor:
         return taps.to(self.device, self.dtype)
@@ -103,6 +145,13 @@ class MTPDrafter:
         self._last = None
         if self.steps == 0:
             return Draft.empty(self.target.vocab_size, self.target.output_device)
+        log_probs = self._draft_eager() if self._chain is None else self._draft_static()  # [steps, vocab]
+        if self.top_k is not None and self.top_k < log_probs.shape[-1]:
+            cut = log_probs.topk(self.top_k, dim=-1).values[:, -1:]  # [steps, 1]
+            log_probs = log_probs.masked_fill(log_probs < cut, float("-inf"))
+        return Draft(log_probs)
+
+    def _draft_eager(self) -> Tensor:  # [steps, vocab]
         hidden = self.catch_up()[-1:]  # [1, H] step 1's output, after the committed pairs
         rows = [self._log_probs(hidden)]
         for step in range(1, self.steps):
@@ -112,11 +161,19 @@ class MTPDrafter:
             hidden = self.head(embeds, hidden[None], positions, self.cache)[0]  # [1, H]
             rows.append(self._log_probs(hidden))
         _truncate(self.cache, self.length)  # chained rows used h', not the target's hidden: never kept
-        log_probs = torch.cat(rows)  # [steps, vocab]
-        if self.top_k is not None and self.top_k < log_probs.shape[-1]:
-            cut = log_probs.topk(self.top_k, dim=-1).values[:, -1:]  # [steps, 1]
-            log_probs = log_probs.masked_fill(log_probs < cut, float("-inf"))
-        return Draft(log_probs)
+        return torch.cat(rows)
+
+    def _draft_static(self) -> Tensor:  # [steps, vocab]
+        hidden, tokens = self._hidden, self._tokens
+        extra = len(tokens) - self._chain.rows
+        if extra > 0:  # more pairs than one chain step takes (a prompt): the first ones op by op
+            self._chain.absorb(hidden[:extra], tokens[:extra], self.length)
+            self.length += extra
+            hidden, tokens = hidden[extra:], tokens[extra:]
+        log_probs = self._chain.draft(hidden, tokens, self.length)
+        self.length += len(tokens)
+        self._hidden, self._tokens = self._hidden[:0], []
+        return log_probs
 
     def accept(self, verification: Verification, context: TargetOutput) -> None:
         """Queue the accepted path's pairs (h_{path[i]}, token of path[i + 1]); the last h waits for the bonus."""

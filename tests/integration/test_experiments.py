@@ -176,7 +176,7 @@ def test_speed_takes_its_strategies_from_the_presets():
     spec.loader.exec_module(speed)
     model = tiny_target("qwen3")
     cfg = OmegaConf.create({"strategies": ["ar", "dflash", "ddtree", "mtp_tree"], "budgets": [4, 16],
-                            "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": False, "tree_method": "auto"})
+                            "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": True, "tree_method": "auto"})
     fast = StaticTarget(model, max_length=256, cuda_graphs=False)
     from ddtree.models import MTPHead
 
@@ -187,6 +187,8 @@ def test_speed_takes_its_strategies_from_the_presets():
     want = greedy_reference(model, prompt, 16)
     for label, path, engine in built:
         assert engine.generate(prompt, max_new_tokens=16).tokens == want, (label, path)
+        if label.startswith("mtp"):  # the fast path's MTP drafter: its static cache (op by op off the GPU)
+            assert (engine.drafter._chain is not None) == (path == "fast"), (label, path)
 
 
 def test_calibrate_tree_fits_and_writes_a_config_the_builder_reads(tmp_path):

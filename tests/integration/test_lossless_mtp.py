@@ -16,7 +16,7 @@ from ddtree.drafters import MTPDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, MTPHead
 from ddtree.models.mtp import fit_to_target
-from ddtree.testing import (CHECK_ALPHA, CHECK_NEW, CHECK_PROMPT, CHECK_VOCAB, chi_square_p_value,
+from ddtree.testing import (CHECK_ALPHA, CHECK_NEW, CHECK_PROMPT, CHECK_VOCAB, LockstepDrafter, chi_square_p_value,
                             continuation_distribution, sample_continuations, tiny_target)
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier, SamplingVerifier
@@ -149,6 +149,42 @@ def test_cache_equals_one_built_from_the_committed_sequence(fitted, strategy):
         torch.testing.assert_close(mine.keys, ref.keys, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(mine.values, ref.values, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(drafter._last, taps[-1], atol=2e-5, rtol=1e-4)  # h of the last token waits
+
+
+@pytest.mark.parametrize("strategy", ["mtp1", "mtp2", "mtp3", "mtp-tree16-top2"])
+def test_static_cache_drafts_equal_eager_and_decode_greedy(fitted, strategy):
+    """The fast path's static cache, op by op on the CPU (the code a CUDA graph replays, without
+    the graph): every draft equals the eager drafter's, round by round, over prompts of several
+    lengths on one engine (buffers reused), and the tokens are the target's greedy ones."""
+    family, model, target, head = fitted
+    steps, tree, top_k = STRATEGIES[strategy]
+    static = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=96, cuda_graphs=True)
+    assert static._chain is not None and not static.cuda_graphs
+    twin = LockstepDrafter(static, MTPDrafter(head, target, steps=steps, top_k=top_k))
+    engine = SpeculativeEngine(target, twin, tree, DenseMaskCompiler(), GreedyVerifier())
+    taus, rounds = [], 0
+    for length, seed in [*PROMPTS, (1, 11)]:  # the first prompt again: a sequence after others
+        prompt = _prompt(length, seed)
+        result = engine.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert result.tokens == _greedy(model, prompt), f"{family} {strategy}, prompt length {length}"
+        taus.append(result.mean_acceptance)
+        rounds += len(result.acceptance_lengths)
+    assert twin.rounds == rounds  # every draft was compared
+    assert sum(taus) / len(taus) > 1.3, f"{family} {strategy}: the test needs multi-token acceptances"
+
+
+def test_cuda_graphs_setting():
+    model, target = TARGETS["qwen3"](num_layers=1)
+    head = MTPHead.for_target(model)
+    assert MTPDrafter(head, target, cuda_graphs="auto")._chain is None  # auto: eager off the GPU
+    assert MTPDrafter(head, target, steps=0, cuda_graphs=True)._chain is None  # nothing to draft
+    with pytest.raises(ValueError, match="cuda_graphs must be"):
+        MTPDrafter(head, target, cuda_graphs="yes")
+    drafter = MTPDrafter(head, target, steps=3, max_length=8, cuda_graphs=True)
+    target.set_taps(drafter.hidden_layers)
+    drafter.reset(target.prefill(_prompt(6, 0)))  # 5 pairs and the root's: 2 absorbed, then 4 + 3 rows from row 2
+    with pytest.raises(ValueError, match="cache of 8 rows is full"):
+        drafter.draft(5)
 
 
 SAMPLES = 1200  # as the sampling test

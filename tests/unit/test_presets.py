@@ -82,3 +82,16 @@ def test_a_loaded_drafter_network_is_taken_as_it_is(ar):
     engine = ddtree.load("dflash", target=ar.target, drafter=network)
     assert engine.drafter.model is network
     assert engine.generate("x = 1\n", max_new_tokens=16).tokens == ar.generate("x = 1\n", max_new_tokens=16).tokens
+
+
+def test_fast_reaches_the_mtp_drafter_as_it_reaches_dflash(ar):
+    """``fast`` (and ``engine_from_config(..., cuda_graphs=...)``, as speed.py calls it) gives the
+    MTP drafter its static cache: graphed on a GPU, op by op here; auto keeps it eager off the GPU."""
+    reference = ar.generate("x = 1\n", max_new_tokens=16).tokens
+    static = ddtree.load("mtp", target=ar.target, fast=True)
+    assert static.drafter._chain is not None and not static.drafter.cuda_graphs
+    assert static.generate("x = 1\n", max_new_tokens=16).tokens == reference
+    assert ddtree.load("mtp", target=ar.target).drafter._chain is None
+    engine = presets.engine_from_config(presets.compose("mtp", [*ar.target.preset_overrides, "fast=false"]), ar.target, cuda_graphs=True,
+                                        max_length=64)
+    assert engine.drafter._chain.max_length == 64

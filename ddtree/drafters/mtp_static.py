@@ -1,0 +1,131 @@
+"""MTP's chained draft steps over a static cache, replayable from one CUDA graph.
+
+Every round drafts from buffers of one fixed shape. Step 1 reads ``rows = steps + 1`` pairs (the
+previous round's accepted pairs and the root's: at most ``steps + 1``), padded to that many; the
+``steps - 1`` chained steps read one token each, their own top-1 and the previous step's output.
+What a round changes (the pairs, how many of them are real, the committed length) is written
+into those buffers before the run, so the graph recorded in the first round serves every later
+one and is never recorded again.
+
+Attention reads the whole static cache with a mask that hides every row past the query's own
+position; the mask is folded (``groups`` copies of its rows), so the query heads that share a
+K/V head attend as one and the cache is never expanded to the query heads. Padding rows and chained steps write K/V past the committed length: the mask hides
+them, and the next round writes its own rows there before any query can see them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ddtree.models.mtp import MTPHead, StaticKV, causal_mask
+
+
+class StaticChain:
+    """The k-step draft of an MTP head from static buffers; on CUDA with ``graphs``, from one graph.
+
+    ``draft`` and ``absorb`` take the pairs (target hidden ``[c, H]``, next token) to append after
+    ``length`` committed pairs; the caller keeps the count. Without ``graphs`` the same code runs
+    op by op (on the CPU too), which is what makes the graph's logic testable there.
+
+    >>> chain = StaticChain(head, target, steps=3, max_length=4096, graphs=True)   # doctest: +SKIP
+    >>> chain.draft(hidden, [root], length=41)   # [3, vocab] float32 log-probs     # doctest: +SKIP
+    """
+
+    def __init__(self, head: MTPHead, target, steps: int, max_length: int, graphs: bool) -> None:
+        if steps < 1:
+            raise ValueError(f"a chain drafts at least one step, got steps={steps}")
+        param = next(head.parameters())
+        if graphs and param.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the MTP head on a CUDA device; it is on {param.device}")
+        self.head, self.target, self.steps, self.graphs = head, target, steps, graphs
+        self.device, self.dtype = param.device, param.dtype
+        self.rows, self.max_length = steps + 1, max_length
+        self.kv = StaticKV(head, max_length)
+        head.use_folded_sdpa()
+        self.hidden = torch.zeros(self.rows, head.hidden_size, device=self.device, dtype=self.dtype)  # [R, H]
+        self.tokens = torch.zeros(self.rows, dtype=torch.long, device=self.device)  # [R]
+        self.count = torch.ones(1, dtype=torch.long, device=self.device)  # [1] real pairs among the R
+        self.length = torch.zeros(1, dtype=torch.long, device=self.device)  # [1] committed pairs before them
+        self._offsets = torch.arange(self.rows, device=self.device)  # [R]
+        self._cols = torch.arange(max_length, device=self.device)  # [max_length]
+        self._graph: tuple[torch.cuda.CUDAGraph, Tensor] | None = None
+
+    def _embed(self, tokens: Tensor) -> Tensor:  # [n] -> [n, H]
+        return self.target.embed(tokens).to(self.device, self.dtype)
+
+    def _log_probs(self, hidden: Tensor) -> Tensor:  # [1, H] -> [1, vocab] float32
+        return torch.log_softmax(self.target.lm_head(hidden).float(), dim=-1)
+
+    def absorb(self, hidden: Tensor, tokens: Sequence[int], length: int) -> None:
+        """Write the K/V of pairs ``hidden`` ``[n, H]`` (any n, e.g. a prompt's) at rows
+        ``length..length+n-1``, op by op, attending over exactly the rows before them."""
+        n = len(tokens)
+        self._check_room(length + n)
+        positions = torch.arange(length, length + n, device=self.device)  # [n]
+        embeds = self._embed(torch.tensor(tokens, device=self.device))
+        mask = causal_mask(n, length, self.dtype, self.device)  # [1, 1, n, length + n]
+        self.head(embeds[None], hidden[None], positions[None], self.kv.at(positions, length + n), attention_mask=mask)
+
+    def draft(self, hidden: Tensor, tokens: Sequence[int], length: int) -> Tensor:
+        """Log-probs ``[steps, vocab]`` (float32) of the chain after ``length`` committed pairs and
+        these ``c <= rows`` pairs ``hidden`` ``[c, H]``; their K/V stay at ``length..length+c-1``."""
+        c = len(tokens)
+        if not 1 <= c <= self.rows:
+            raise ValueError(f"a chain step takes 1 to {self.rows} pairs, got {c}")
+        self._check_room(length + self.rows + self.steps)
+        # Everything the run reads that this round changed, written in place into its buffers.
+        self.hidden[:c].copy_(hidden)
+        self.tokens[:c].copy_(torch.tensor(tokens))
+        self.count.fill_(c)
+        self.length.fill_(length)
+        if not self.graphs:
+            return self._run()
+        if self._graph is None:
+            self._graph = self._record()
+        graph, out = self._graph
+        graph.replay()
+        return out.clone()  # the graph's buffer is rewritten next round
+
+    def _check_room(self, end: int) -> None:
+        if end > self.max_length:
+            raise ValueError(f"MTP drafter cache of {self.max_length} rows is full; pass a larger max_length")
+
+    def _run(self) -> Tensor:
+        """The whole draft from the buffers: fixed shapes, no host sync. ``[steps, vocab]``."""
+        positions = self.length + self._offsets  # [R] padding rows run on past the real ones
+        out = self._forward(self._embed(self.tokens), self.hidden, positions)  # [R, H]
+        hidden = out.index_select(0, self.count - 1)  # [1, H] step 1: the output after the last real pair
+        position = self.length + self.count - 1  # [1]
+        rows = [self._log_probs(hidden)]
+        for _ in range(1, self.steps):
+            token = rows[-1].argmax(dim=-1)  # [1] the head's own top-1, fed to the next step
+            position = position + 1
+            hidden = self._forward(self._embed(token), hidden, position)  # [1, H]
+            rows.append(self._log_probs(hidden))
+        return torch.cat(rows)
+
+    def _forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor) -> Tensor:
+        """The head over n pairs ``[n, H]`` at ``positions`` ``[n]``, over the whole cache. ``[n, H]``"""
+        hidden_cols = self._cols[None] > positions[:, None]  # [n, max_length] rows past each query's position
+        mask = torch.zeros(hidden_cols.shape, device=self.device, dtype=self.dtype)
+        mask = mask.masked_fill(hidden_cols, torch.finfo(self.dtype).min).repeat(self.head.groups, 1)
+        mask = mask[None, None]  # [1, 1, groups * n, max_length] folded
+        kv = self.kv.at(positions, self.max_length)
+        return self.head(embeds[None], hidden[None], positions[None], kv, attention_mask=mask)[0]
+
+    def _record(self) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Record ``_run`` once. The warm-up runs read this round's buffers and write the same K/V
+        the replay will, so recording never disturbs the sequence."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._run()
+        return graph, out
