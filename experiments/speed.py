@@ -90,7 +90,8 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     for preset in cfg.strategies:
         base = presets.compose(preset)  # block_size null: the drafter's own
         budgets = list(cfg.budgets) if "budget" in base.tree else [None]
-        steps = list(cfg.mtp_steps) if "steps" in base.drafter else [None]  # MTP: one row per k
+        # MTP: one row per k of ``mtp_steps`` (label -kK); unset, the preset's own steps.
+        steps = list(cfg.mtp_steps) if cfg.get("mtp_steps") and "steps" in base.drafter else [None]
         for budget, k in ((b, k) for b in budgets for k in steps):
             overrides = ([] if budget is None else [f"tree.budget={budget}", f"tree.method={cfg.tree_method}"]) + \
                 ([] if k is None else [f"drafter.steps={k}"])
