@@ -234,6 +234,13 @@ def _read_floor_ms(model, length: int) -> float:
     return 1e3 * (weights + kv * element * length + states) / READ_BANDWIDTH
 
 
+def _write(out: Path, cfg: DictConfig, rows: list[dict], checks: dict, prefill_ms: dict, table: str | None = None,
+           partial: bool = False) -> None:
+    """The run's JSON: rewritten after every row (``partial``), so a run stopped early keeps what it measured."""
+    out.write_text(json.dumps({"config": OmegaConf.to_container(cfg), "rows": rows, "divergence": checks,
+                               "prefill_ms": prefill_ms, "table": table, "partial": partial}, indent=1))
+
+
 def _table(rows: list[dict], tau: dict, ar: dict) -> str:
     lines = ["| prompt | strategy | path | round ms | x floor | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -269,6 +276,8 @@ def main(cfg: DictConfig) -> None:
                             flex_threshold=cfg.flex_threshold)
     mtp_head = _mtp_head(cfg, model)
     rows, checks, floors, prefill_ms = [], {}, {}, {}
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     for length in cfg.prompt_lengths:
         prompt = torch.randint(0, model.config.get_text_config().vocab_size - 1, (length,))
         check_prompts = _check_prompts(cfg, prompt)
@@ -283,10 +292,12 @@ def main(cfg: DictConfig) -> None:
             except Exception as err:  # one failing path must not cost the whole table
                 print(f"{length} {label} {path}: FAILED {type(err).__name__}: {err}", flush=True)
                 continue
+            row["new_tokens"] = len(row.pop("tokens"))
             rows.append(row)
             print(f"{length:7d} {label:12s} {path:5s} {row['round_ms']:8.2f} ms/round  "
                   f"(floor {floors[length]:.2f}, peak +{row['peak_extra_mib']:.0f} MiB)", flush=True)
-        if cfg.cuda_graphs:
+            _write(out, cfg, rows, checks, prefill_ms, partial=True)  # a run cut short keeps every finished row
+        if cfg.cuda_graphs and cfg.drafter_check:
             print("drafter graph vs eager:", _drafter_graph_check(eager, dflash_model, prompt, cfg), flush=True)
         if cfg.check_tokens:
             found = _greedy_check(cfg, eager, fast, dflash_model, check_prompts, mtp_head)
@@ -304,17 +315,12 @@ def main(cfg: DictConfig) -> None:
           + ", ".join(f"{k}: {v:.2f} ms" for k, v in floors.items()) + "; peak MiB: above the memory held before the run; "
           f"prefill ms {prefill_ms}\n")
     print(table)
-    out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for r in rows:
-        r.pop("tokens")
     identical = [k for k, v in checks.items() if all(d is None for d in v)]
     bugs = {k: [d for d in v if d is not None and not d["near_tie"]] for k, v in checks.items()}
     bugs = {k: v for k, v in bugs.items() if v}
     print(f"identical to eager AR on every prompt: {len(identical)} of {len(checks)}; "
           f"divergences that are not near-ties (gap >= {cfg.near_tie_gap}): {json.dumps(bugs) if bugs else 'none'}")
-    out.write_text(json.dumps({"config": OmegaConf.to_container(cfg), "rows": rows, "divergence": checks,
-                               "prefill_ms": prefill_ms, "table": table}, indent=1))
+    _write(out, cfg, rows, checks, prefill_ms, table=table)
     if bugs:  # the figures are written; the exit status says the fast path is not exact
         raise SystemExit(f"fast path parts from eager AR where the eager logit gap is >= {cfg.near_tie_gap}: "
                          f"a bug, not a near-tie (see 'divergence' in {out})")

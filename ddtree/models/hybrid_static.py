@@ -25,6 +25,7 @@ each replay, and every state slab it reads is only ever updated in place.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -147,6 +148,17 @@ class StaticHybridTarget(HybridTarget):
         self.kv = StaticKV(self.keys, self.values, {layer: a for a, layer in enumerate(self.attention_layers)})
         self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
         self._stash: GDNStash | None = None
+        log.info("StaticHybridTarget kernels: %s", self.kernels())
+
+    def kernels(self) -> dict[str, str]:
+        """Which kernels run where: the prompt's GDN layers (Transformers' forward: flash-linear-attention's
+        kernels when installed, ``pip install ddtree[gdn]``, else its torch fallback) and the tree verify."""
+        fla = importlib.util.find_spec("fla") is not None
+        return {
+            "prefill": "flash-linear-attention" if fla else "torch fallback (install the gdn extra for its kernels)",
+            "verify": ("torch.compile'd tree conv and delta rule" if self.fuse else "torch tree conv and delta rule")
+            + (", CUDA graphs" if self.cuda_graphs else ""),
+        }
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
