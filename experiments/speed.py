@@ -269,7 +269,9 @@ def main(cfg: DictConfig) -> None:
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s; caches of {cfg.max_length} rows", flush=True)
     if is_hybrid(model):
-        eager, fast = HybridTarget(model), StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs)
+        eager = HybridTarget(model)
+        fast = StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
+                                  flex_threshold=cfg.flex_threshold)
     else:
         eager = HFTarget(model)
         fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,

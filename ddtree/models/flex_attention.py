@@ -17,6 +17,7 @@ math, for tests.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from typing import Callable
@@ -25,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+log = logging.getLogger(__name__)
+ATTENTIONS = ("auto", "dense", "flex")
 KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
 # Every verify size a target serves is one compiled kernel (Dynamo's default allows 8 per function).
 RECOMPILE_LIMIT = 64
@@ -162,3 +165,60 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     q = torch.ones(1, 4, 2, 16, dtype=dtype, device=device)
     kv = torch.ones(1, 2, 2 * KV_BLOCK, 16, dtype=dtype, device=device)
     attend(q, kv, kv, layout.block_mask)
+
+
+class FlexChoice:
+    """Which attention a static target's verify runs: mixed into ``StaticTarget`` and
+    ``StaticHybridTarget``, which set ``attention``, ``flex_threshold``, ``max_length``, ``dtype``
+    and ``input_device`` (``init_flex``). ``"dense"``: the folded dense-mask SDPA; ``"flex"``: this
+    module's block-sparse FlexAttention for every verify; ``"auto"``: flex on CUDA from
+    ``flex_threshold`` live rows on, dense below and on the CPU."""
+
+    def init_flex(self, attention: str, flex_threshold: int) -> None:
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
+        self.attention, self.flex_threshold = attention, int(flex_threshold)
+        self._flex_probed = False
+        self._layouts: dict[int, FlexLayout] = {}  # n -> the layout every flex forward of n queries reads
+
+    def _uses_flex(self, rows: int) -> bool:
+        """Whether a forward reaching ``rows`` live cache rows runs FlexAttention."""
+        if self.attention == "dense" or (self.attention == "auto" and (
+                self.input_device.type != "cuda" or rows < self.flex_threshold)):
+            return False
+        if self.input_device.type == "cuda" and not self._flex_probed:
+            self._probe_flex()
+        return self.attention != "dense"
+
+    def _probe_flex(self) -> None:
+        """Compile FlexAttention once, outside any forward and graph capture; without a working
+        compiler it would materialise the scores, so the target stays dense instead."""
+        self._flex_probed = True
+        if not self._compiles(probe, (
+                "keeps the dense-mask attention: the same tokens, slower at long context. Install Triton "
+                "for the FlexAttention kernels, or pass attention='dense' to silence this.")):
+            self.attention = "dense"
+
+    def _compiles(self, check: Callable, instead: str) -> bool:
+        """Whether ``check(dtype, device)`` compiles; if not, a warning says why and what the target does ``instead``."""
+        from ddtree.models.fused import COMPILER_ERRORS
+
+        try:
+            check(self.dtype, self.input_device)
+        except COMPILER_ERRORS as err:
+            log.warning("torch.compile does not work here (%s: %s), so %s %s", type(err).__name__,
+                        (str(err).splitlines() or [""])[0], type(self).__name__, instead)
+            return False
+        return True
+
+    def _layout(self, n: int) -> FlexLayout:
+        if n not in self._layouts:
+            self._layouts[n] = FlexLayout(n, self.max_length, self.input_device)
+        return self._layouts[n]
+
+    @staticmethod
+    def _visibility(inputs) -> Tensor:  # [n, n] bool
+        """The tree block of a verify's mask: a bool ``[n, n]`` as given, or read off a MaskCompiler's
+        additive ``[1, 1, n, past + n]``."""
+        tree, n, past = inputs.attention_mask, inputs.input_ids.shape[1], inputs.past_length
+        return tree if tree.dtype == torch.bool else tree[0, 0, :, past : past + n] == 0

@@ -37,6 +37,7 @@ from transformers import PreTrainedModel
 
 from ddtree.models import fused
 from ddtree.models.attention import use_folded_sdpa
+from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
 from ddtree.models.gdn_tree import TreeTables
 from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix
@@ -104,7 +105,7 @@ class _VerifyGraph:
     stash: GDNStash
 
 
-class StaticHybridTarget(HybridTarget):
+class StaticHybridTarget(FlexChoice, HybridTarget):
     """``HybridTarget`` over static slabs, optionally CUDA-graphed; decodes the same tokens.
 
     ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device. On the CPU
@@ -114,8 +115,12 @@ class StaticHybridTarget(HybridTarget):
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
-                 width_step: int = 256, fuse: bool | None = None) -> None:
+                 width_step: int = 256, fuse: bool | None = None, attention: str = "dense",
+                 flex_threshold: int = 4096) -> None:
+        if attention not in ATTENTIONS:  # before the model is touched
+            raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         super().__init__(model, max_length)
+        self.init_flex(attention, flex_threshold)
         devices = {p.device for p in model.parameters()}
         if len(devices) != 1:
             raise ValueError(
@@ -197,14 +202,19 @@ class StaticHybridTarget(HybridTarget):
             raise ValueError(f"the tree was laid out after {past} tokens, the cache holds {self.past_length}")
         if past + n > self.max_length:
             raise ValueError(f"verify of {n} tokens after {past} exceeds the static cache of {self.max_length} rows")
-        mask = self.masks.verify(n, inputs.attention_mask, past)
         device = self.keys.device
         rows = torch.arange(past, past + n, device=device)
+        if self._uses_flex(past + n):  # P and the visibility in place; the layout's tables follow in the forward
+            mask = self._layout(n)
+            mask.past.fill_(past)
+            mask.visible.copy_(self._visibility(inputs), non_blocking=True)
+        else:
+            mask = self.masks.verify(n, inputs.attention_mask, past)
         if not self.cuda_graphs:
             out, stash = self._verify(inputs.input_ids.to(device), inputs.position_ids.to(device), rows,
                                       inputs.parents.to(device), mask)
         else:
-            key = (n, mask.shape[-1])
+            key = (n, 0 if isinstance(mask, FlexLayout) else mask.shape[-1])  # one flex graph per n
             if key not in self._graphs:
                 self._graphs[key] = self._record_graph(n, mask)
             rec = self._graphs[key]
@@ -220,9 +230,13 @@ class StaticHybridTarget(HybridTarget):
         return out
 
     def _verify(self, ids: Tensor, positions: Tensor, rows: Tensor, parents: Tensor,
-                mask: Tensor) -> tuple[TargetOutput, GDNStash]:
-        """The verify forward itself (eager, or the body of a captured graph)."""
+                mask: Tensor | FlexLayout) -> tuple[TargetOutput, GDNStash]:
+        """The verify forward itself (eager, or the body of a captured graph): a dense folded mask,
+        or a FlexAttention layout whose block tables are rebuilt here from its P."""
         n = ids.shape[1]
+        if isinstance(mask, FlexLayout):
+            mask.refresh()
+            mask = mask.block_mask
         stash = GDNStash.empty(len(self.gdn_layers), n, self.gdn_modules[self.gdn_layers[0]], self.dtype,
                                self.compute_dtype, self.keys.device)
         self.kv.rows = rows
@@ -237,19 +251,17 @@ class StaticHybridTarget(HybridTarget):
         """Compile the fused functions once on tiny tensors, outside any forward; without a working
         compiler the plain functions run instead (the same math, more kernels)."""
         self._probed = True
-        device = self.keys.device
-        try:
-            fused.probe(self.dtype, device)
+
+        def check(dtype: torch.dtype, device: torch.device) -> None:
+            fused.probe(dtype, device)
             n, h, d, k = 2, 2, 4, self.kernel_size
-            t = lambda *shape, dtype=self.dtype: torch.ones(*shape, dtype=dtype, device=device)  # noqa: E731
+            t = lambda *shape, dtype=dtype: torch.ones(*shape, dtype=dtype, device=device)  # noqa: E731
             fused.compiled(tree_mix)(t(n, 3 * h * d), t(n, h), t(n, h), t(h), t(h), t(3 * h * d, k), t(3 * h * d, k),
                                      None, t(h, d, d, dtype=self.compute_dtype), torch.zeros(n, k, dtype=torch.long,
                                      device=device), torch.eye(n, dtype=torch.bool, device=device), h * d, h * d, d)
-        except fused.COMPILER_ERRORS as err:
-            log.warning("torch.compile does not work here (%s: %s): StaticHybridTarget runs the plain functions "
-                        "(the same tokens, slower). Pass fuse=False to silence this.", type(err).__name__,
-                        (str(err).splitlines() or [""])[0])
-            self.fuse = False
+
+        self.fuse = self._compiles(check, "runs the plain functions (the same tokens, slower); pass fuse=False "
+                                          "to silence this.")
 
     @contextmanager
     def _static_gdn_mode(self, tables: TreeTables, stash: GDNStash) -> Iterator[None]:

@@ -41,17 +41,16 @@ from torch import Tensor
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from ddtree.models import flex_attention, fused
+from ddtree.models import fused
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.folded_mask import FoldedMasks
-from ddtree.models.flex_attention import FlexLayout
+from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.target import HFTarget
 from ddtree.types import TargetOutput, VerifyInputs
 
 log = logging.getLogger(__name__)
 
 
-ATTENTIONS = ("auto", "dense", "flex")
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class _VerifyGraph:
     taps: Tensor | None
 
 
-class StaticTarget(HFTarget):
+class StaticTarget(FlexChoice, HFTarget):
     """``HFTarget`` over a ``StaticCache`` of ``max_length`` rows, optionally CUDA-graphed.
 
     ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device. ``attention``:
@@ -83,14 +82,13 @@ class StaticTarget(HFTarget):
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "auto",
                  flex_threshold: int = 4096, prefill_chunk: int = 4096) -> None:
-        if attention not in ATTENTIONS:
+        if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be a positive number of rows, got {prefill_chunk}")
         super().__init__(model, max_length=max_length)
-        self.attention, self.flex_threshold, self.prefill_chunk = attention, int(flex_threshold), int(prefill_chunk)
-        self._flex_probed = False
-        self._layouts: dict[int, FlexLayout] = {}  # n -> the layout every flex forward of n queries reads
+        self.init_flex(attention, flex_threshold)
+        self.prefill_chunk = int(prefill_chunk)
         self._flex_graphs: dict[int, _VerifyGraph] = {}
         use_folded_sdpa(model)
         self.width_step = width_step
@@ -123,39 +121,6 @@ class StaticTarget(HFTarget):
             "runs the stock kernels instead of the fused ones: the same tokens, slower inside CUDA graphs. "
             "Install a working C++ compiler (and Triton on CUDA) for the fused kernels, or pass fuse=False "
             "to silence this."))
-
-    def _compiles(self, probe, instead: str) -> bool:
-        """Whether ``probe(dtype, device)`` compiles; if not, a warning says why and what the target does ``instead``."""
-        try:
-            probe(self.dtype, self.input_device)
-        except fused.COMPILER_ERRORS as err:
-            log.warning("torch.compile does not work here (%s: %s), so StaticTarget %s",
-                        type(err).__name__, (str(err).splitlines() or [""])[0], instead)
-            return False
-        return True
-
-    def _uses_flex(self, rows: int) -> bool:
-        """Whether a forward reaching ``rows`` live cache rows runs FlexAttention."""
-        if self.attention == "dense" or (self.attention == "auto" and (
-                self.input_device.type != "cuda" or rows < self.flex_threshold)):
-            return False
-        if self.input_device.type == "cuda" and not self._flex_probed:
-            self._probe_flex()
-        return self.attention != "dense"
-
-    def _probe_flex(self) -> None:
-        """Compile FlexAttention once, outside any forward and graph capture; without a working
-        compiler it would materialise the scores, so the target stays dense instead."""
-        self._flex_probed = True
-        if not self._compiles(flex_attention.probe, (
-                "keeps the dense-mask attention: the same tokens, slower at long context. Install Triton "
-                "for the FlexAttention kernels, or pass attention='dense' to silence this.")):
-            self.attention = "dense"
-
-    def _layout(self, n: int) -> FlexLayout:
-        if n not in self._layouts:
-            self._layouts[n] = FlexLayout(n, self.max_length, self.input_device)
-        return self._layouts[n]
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
@@ -237,9 +202,7 @@ class StaticTarget(HFTarget):
         visibility written in place, then the one graph of that size replayed (it rebuilds the
         block tables from P itself)."""
         n, past = inputs.input_ids.shape[1], inputs.past_length
-        layout = self._layout(n)
-        tree = inputs.attention_mask  # a bool [n, n] visibility, or a MaskCompiler's additive [1, 1, n, past + n]
-        visible = tree if tree.dtype == torch.bool else tree[0, 0, :, past : past + n] == 0
+        layout, visible = self._layout(n), self._visibility(inputs)
         if not self.cuda_graphs:
             layout.set(past, visible.to(layout.visible.device))
             return self._forward(inputs.input_ids, inputs.position_ids, layout.block_mask, logits_to_keep=0)

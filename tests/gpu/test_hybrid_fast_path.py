@@ -37,10 +37,11 @@ def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
 
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))
 @pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])
-@pytest.mark.parametrize("graphs,fuse", [(True, True), (True, False), (False, False)],
-                         ids=["graphs-fused", "graphs", "eager"])
-def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse):
-    target = StaticHybridTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse)
+@pytest.mark.parametrize("graphs,fuse,attention", [(True, True, "dense"), (True, False, "dense"),
+                                                   (False, False, "dense"), (True, True, "flex")],
+                         ids=["graphs-fused", "graphs", "eager", "graphs-fused-flex"])
+def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse, attention):
+    target = StaticHybridTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse, attention=attention)
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
 

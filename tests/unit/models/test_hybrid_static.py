@@ -6,13 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddtree import SpeculativeEngine
+from ddtree.drafters import OracleDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HybridTarget, target_for
 from ddtree.models.gdn_tree_layer import read_gdn_state
 from ddtree.models.hybrid_static import StaticHybridTarget
-from ddtree.testing import conditional_generation_twin, tiny_hybrid_target
+from ddtree.testing import conditional_generation_twin, greedy_reference, tiny_hybrid_target
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft
+from ddtree.verifiers import GreedyVerifier
 
 PROMPT = torch.randint(0, 90, (9,), generator=torch.Generator().manual_seed(4))
 
@@ -51,8 +54,10 @@ def _assert_same_state(static: StaticHybridTarget, eager: HybridTarget) -> None:
 
 
 @pytest.mark.parametrize("budgets", [[20, 0, 3, 20, 1], [7, 7, 60, 0]])
-def test_logits_taps_and_state_follow_hybrid_target_round_by_round(model, budgets):
-    static = StaticHybridTarget(model, max_length=128, cuda_graphs=False, width_step=16)
+@pytest.mark.parametrize("attention", ["dense", "flex"])  # flex: FlexAttention's eager reference on the CPU
+@torch.no_grad()
+def test_logits_taps_and_state_follow_hybrid_target_round_by_round(model, budgets, attention):
+    static = StaticHybridTarget(model, max_length=128, cuda_graphs=False, width_step=16, attention=attention)
     eager = HybridTarget(model)
     for target in (static, eager):
         target.set_taps([0, 1, -1])
@@ -68,6 +73,19 @@ def test_logits_taps_and_state_follow_hybrid_target_round_by_round(model, budget
         for target in (static, eager):
             target.commit(path)
         _assert_same_state(static, eager)
+
+
+def test_flex_attention_decodes_the_greedy_text(model):
+    # attention="flex" on the CPU runs FlexAttention's eager reference through the same layouts.
+    target = StaticHybridTarget(model, max_length=160, cuda_graphs=False, attention="flex")
+    prompt = torch.randint(0, 90, (21,), generator=torch.Generator().manual_seed(8))
+    expected = greedy_reference(model, prompt, 40)
+    for budget in (0, 16, 3):
+        tree = ChainTreeBuilder() if budget == 0 else BestFirstTreeBuilder(budget)
+        engine = SpeculativeEngine(target, OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), tree,
+                                   DenseMaskCompiler(), GreedyVerifier())
+        assert engine.generate(prompt, max_new_tokens=40).tokens == expected, budget
+    assert sorted(n for n, _ in target._graphs) == [] and target._layouts  # eager: layouts, no graphs
 
 
 def test_conditional_generation_checkpoints_are_served(model):
@@ -102,3 +120,5 @@ def test_dispatch_and_refusals(model):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="one CUDA device"):
             StaticHybridTarget(model, cuda_graphs=True)
+    with pytest.raises(ValueError, match="attention='sparse'"):
+        StaticHybridTarget(model, attention="sparse")
