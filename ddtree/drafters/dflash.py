@@ -68,6 +68,8 @@ def block_size_for(model: DFlashDraftModel, block_size: int | None) -> int:
 
 
 class DFlashDrafter:
+    absorb_chunk = 4096  # context rows projected into the drafter cache at a time (a prompt's, in chunks)
+
     """Drafts ``block_size - 1`` per-depth marginals from one forward of the block.
 
     ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
@@ -135,14 +137,19 @@ class DFlashDrafter:
         """Write the pending features' K/V after the committed rows (positions continue on)."""
         if self._pending is None or self._pending.shape[0] == 0:
             return
-        taps = self._pending.to(self.device, self.dtype)  # [C, n_feat * H]
-        end = self.length + taps.shape[0]
+        pending = self._pending  # [C, n_feat * H]
+        end = self.length + pending.shape[0]
         if end + self.block_size > self.max_length:
             raise ValueError(f"drafter cache of {self.max_length} rows is full; pass a larger max_length")
-        positions = torch.arange(self.length, end, device=self.device)
-        for buf_k, buf_v, (k, v) in zip(self._keys, self._values, self.model.context_kv(taps, positions)):
-            buf_k[:, :, self.length : end] = k
-            buf_v[:, :, self.length : end] = v
+        # In chunks of ``absorb_chunk`` rows: a long prompt's projections never exist all at once.
+        for start in range(0, pending.shape[0], self.absorb_chunk):
+            taps = pending[start : start + self.absorb_chunk].to(self.device, self.dtype)
+            lo = self.length + start
+            hi = lo + taps.shape[0]
+            positions = torch.arange(lo, hi, device=self.device)
+            for buf_k, buf_v, (k, v) in zip(self._keys, self._values, self.model.context_kv(taps, positions)):
+                buf_k[:, :, lo:hi] = k
+                buf_v[:, :, lo:hi] = v
         self.length, self._pending = end, None
 
     def _block_log_probs(self, ids: Tensor, length: Tensor | int) -> Tensor:

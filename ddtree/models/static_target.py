@@ -164,18 +164,28 @@ class StaticTarget(FlexChoice, HFTarget):
         last row; taps ``[n, n_taps * hidden]`` of every row."""
         n, chunk = ids.shape[1], self.prefill_chunk
         head = n % chunk
-        outs = []
+        out, taps = None, None
+
+        def keep(part: TargetOutput, start: int) -> TargetOutput:
+            """Each chunk's taps go straight into one ``[n, F]`` buffer: no list of chunks, no concatenation."""
+            nonlocal taps
+            if part.taps is not None:
+                if taps is None:
+                    taps = part.taps.new_empty(n, part.taps.shape[-1])
+                taps[start : start + part.taps.shape[0]] = part.taps
+            return part
+
         if head:
-            outs.append(self._forward(ids[:, :head], torch.arange(head)[None], self.masks.prefill(head), logits_to_keep=1))
+            out = keep(self._forward(ids[:, :head], torch.arange(head)[None], self.masks.prefill(head), logits_to_keep=1), 0)
         if head < n:
             layout = self._layout(chunk)
             causal = torch.ones(chunk, chunk, dtype=torch.bool, device=self.input_device).tril()
             for start in range(head, n, chunk):
                 layout.set(start, causal)
                 positions = torch.arange(start, start + chunk)[None]
-                outs.append(self._forward(ids[:, start : start + chunk], positions, layout.block_mask, logits_to_keep=1))
-        taps = None if outs[0].taps is None else torch.cat([o.taps for o in outs])
-        return TargetOutput(tokens=ids[0], logits=outs[-1].logits, taps=taps)
+                out = keep(self._forward(ids[:, start : start + chunk], positions, layout.block_mask, logits_to_keep=1),
+                           start)
+        return TargetOutput(tokens=ids[0], logits=out.logits, taps=taps)
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         n, past = inputs.input_ids.shape[1], inputs.past_length

@@ -182,3 +182,27 @@ def test_flex_dflash_drafter_drafts_what_the_dense_one_drafts(tiny_models):
         for drafter in (dense, flex):
             drafter.accept(verification, context)
         target.commit(path)
+
+
+@torch.inference_mode()
+def test_long_prompts_are_handed_on_in_chunks_with_the_same_result(tiny_models):
+    """A chunked flex prefill writes each chunk's taps into one buffer (equal to a dense prefill's),
+    and the DFlash drafter absorbs a prompt in row chunks (drafting what one pass drafts)."""
+    from ddtree.drafters import DFlashDrafter
+    from ddtree.testing import tiny_dflash
+
+    model = tiny_models["qwen3"]
+    prompt = (torch.arange(150) * 7) % 90 + 3
+    dense = StaticTarget(model, max_length=256, cuda_graphs=False, attention="dense")
+    flex = StaticTarget(model, max_length=256, cuda_graphs=False, attention="flex", prefill_chunk=32)
+    dflash = tiny_dflash(model, block_size=8)
+    whole, chunked = (DFlashDrafter(dflash, dense, max_length=256) for _ in range(2))
+    for target in (dense, flex):
+        target.set_taps(whole.hidden_layers)
+    want, got = dense.prefill(prompt), flex.prefill(prompt)
+    torch.testing.assert_close(got.taps, want.taps, atol=1e-5, rtol=1e-5)
+    chunked.absorb_chunk = 7  # 150 rows in 22 chunks
+    for drafter in (whole, chunked):
+        drafter.reset(want)
+    for root in (5, 9):
+        torch.testing.assert_close(chunked.draft(root).log_probs, whole.draft(root).log_probs, atol=1e-5, rtol=1e-5)
