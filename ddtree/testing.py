@@ -325,6 +325,18 @@ def check_budget_sequence(target, budgets, drafter_kind: str, prompts, refs, dfl
                 f"{next(i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b)}"
 
 
+def tree_logits(targets, prompt: torch.Tensor, tree) -> list[torch.Tensor]:
+    """Each target prefilled with ``prompt``, then the logits ``[n, vocab]`` of one verify of ``tree``
+    (laid out by the dense mask compiler): what two targets must agree on."""
+    from ddtree.masks import DenseMaskCompiler
+
+    outs = []
+    for target in targets:
+        target.prefill(prompt)
+        outs.append(target.forward_tree(DenseMaskCompiler().compile(tree, target.past_length)).logits)
+    return outs
+
+
 def conditional_generation_twin(model):
     """The text weights of a tiny hybrid inside a ``Qwen3_5ForConditionalGeneration`` (text model at
     ``model.model.language_model``), as real Qwen3.5/3.6 checkpoints load."""

@@ -20,7 +20,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ddtree.models.mtp import MTPHead, StaticKV, causal_mask
+from ddtree.models.mtp import MTPHead, causal_mask
+from ddtree.models.static_kv import StaticKV
 
 
 class StaticChain:
@@ -43,7 +44,9 @@ class StaticChain:
         self.head, self.target, self.steps, self.graphs = head, target, steps, graphs
         self.device, self.dtype = param.device, param.dtype
         self.rows, self.max_length = steps + 1, max_length
-        self.kv = StaticKV(head, max_length)
+        attn = head.layers[0].self_attn  # the head's one attention layer
+        self.kv = StaticKV(1, int(head.layer_config.num_key_value_heads), max_length, int(attn.head_dim),
+                           self.dtype, self.device)
         head.use_folded_sdpa()
         self.hidden = torch.zeros(self.rows, head.hidden_size, device=self.device, dtype=self.dtype)  # [R, H]
         self.tokens = torch.zeros(self.rows, dtype=torch.long, device=self.device)  # [R]

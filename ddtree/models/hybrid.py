@@ -180,27 +180,28 @@ def gdn_verify_mode(
     ``GDNTreeVerify`` in ``stash[layer]``. The original forwards (including any instance-level
     wrapper, e.g. an accelerate hook) are restored on exit, also after an exception.
     """
-    saved: dict[int, object] = {}
     on_device: dict[torch.device, TreeTables] = {}  # the tree's tables, once per device
+    with patched_forwards(modules, lambda i, module: _tree_forward(module, i, cache, parents, on_device, stash)):
+        yield
+
+
+@contextmanager
+def patched_forwards(modules: dict[int, nn.Module], forward_for) -> Iterator[None]:
+    """Within the block, ``modules[i].forward`` is ``forward_for(i, modules[i])``; the original forwards
+    (including any instance-level wrapper, e.g. an accelerate hook) come back on exit, also after
+    an exception."""
+    saved: dict[int, object] = {}
     try:
         for i, module in modules.items():
             saved[i] = module.__dict__.get("forward")
-            module.forward = _tree_forward(module, i, cache, parents, on_device, stash)
-    except BaseException:
-        _restore(modules, saved)
-        raise
-    try:
+            module.forward = forward_for(i, module)
         yield
     finally:
-        _restore(modules, saved)
-
-
-def _restore(modules: dict[int, nn.Module], saved: dict[int, object]) -> None:
-    for i, original in saved.items():
-        if original is None:
-            del modules[i].forward  # back to the class's forward
-        else:
-            modules[i].forward = original
+        for i, original in saved.items():
+            if original is None:
+                del modules[i].forward  # back to the class's forward
+            else:
+                modules[i].forward = original
 
 
 def _tree_forward(module: nn.Module, layer_idx: int, cache, parents: Tensor, on_device: dict, stash: dict):

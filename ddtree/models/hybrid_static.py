@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from contextlib import contextmanager
+import contextlib
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +41,8 @@ from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
 from ddtree.models.gdn_tree import TreeTables
 from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix
-from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget
+from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget, patched_forwards
+from ddtree.models.static_kv import StaticKV
 from ddtree.types import TargetOutput, VerifyInputs
 
 log = logging.getLogger(__name__)
@@ -66,28 +67,6 @@ class GDNStash:
             updates=torch.zeros(g, n, h, dv, dtype=compute, device=device),
             log_decay=torch.zeros(g, n, h, dtype=compute, device=device),
         )
-
-
-class StaticKV:
-    """The attention layers' K/V slab, as the cache object a Transformers attention module updates.
-
-    ``update`` writes the new rows at ``rows`` (a device index set before each verify) and returns
-    the whole slab of that layer; the folded SDPA reads the first W rows, the mask hides the rest.
-    """
-
-    def __init__(self, keys: Tensor, values: Tensor, slots: dict[int, int]) -> None:
-        self.keys, self.values, self.slots = keys, values, slots  # [A, kv_heads, L, d] each
-        self.rows: Tensor | None = None  # [n] long
-        self.length = 0
-
-    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        slot = self.slots[layer_idx]
-        self.keys[slot].index_copy_(1, self.rows, key[0])  # key [1, kv_heads, n, d]
-        self.values[slot].index_copy_(1, self.rows, value[0])
-        return self.keys[slot][None], self.values[slot][None]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
 
 
 @dataclass(frozen=True)
@@ -140,9 +119,9 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         self.attention_layers = [i for i, kind in enumerate(self.layer_types) if kind == ATTENTION]
         self.gdn_layers = sorted(self.gdn_modules)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        slab = (len(self.attention_layers), cfg.num_key_value_heads, self.max_length, head_dim)
-        self.keys = torch.zeros(slab, dtype=self.dtype, device=device)
-        self.values = torch.zeros(slab, dtype=self.dtype, device=device)
+        self.kv = StaticKV(len(self.attention_layers), cfg.num_key_value_heads, self.max_length, head_dim, self.dtype,
+                           device, slots={layer: a for a, layer in enumerate(self.attention_layers)})
+        self.keys, self.values = self.kv.keys, self.kv.values  # [A, kv_heads, max_length, head_dim]
         first = self.gdn_modules[self.gdn_layers[0]]
         self.kernel_size = first.conv_kernel_size
         self.compute_dtype = torch.promote_types(self.dtype, torch.float32)
@@ -150,7 +129,6 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         self.conv = torch.zeros(g, first.conv_dim, self.kernel_size, dtype=self.dtype, device=device)
         self.recurrent = torch.zeros(g, first.num_v_heads, first.head_k_dim, first.head_v_dim,
                                      dtype=self.compute_dtype, device=device)
-        self.kv = StaticKV(self.keys, self.values, {layer: a for a, layer in enumerate(self.attention_layers)})
         self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
         self._stash: GDNStash | None = None
         log.info("StaticHybridTarget kernels: %s", self.kernels())
@@ -239,11 +217,12 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             mask = mask.block_mask
         stash = GDNStash.empty(len(self.gdn_layers), n, self.gdn_modules[self.gdn_layers[0]], self.dtype,
                                self.compute_dtype, self.keys.device)
-        self.kv.rows = rows
+        self.kv.at(rows)
         if self.fuse and not self._probed:
             self._probe_compiler()
         tables = TreeTables.of(parents, self.kernel_size)
-        with self._static_gdn_mode(tables, stash), fused.fused_ops(self.model, compile=self.fuse):
+        fused_kernels = fused.fused_ops(self.model) if self.fuse else contextlib.nullcontext()
+        with self._static_gdn_mode(tables, stash), fused_kernels:
             out = self._forward(ids, positions, {ATTENTION: mask, GDN: None}, logits_to_keep=0)
         return out, stash
 
@@ -263,20 +242,10 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         self.fuse = self._compiles(check, "runs the plain functions (the same tokens, slower); pass fuse=False "
                                           "to silence this.")
 
-    @contextmanager
-    def _static_gdn_mode(self, tables: TreeTables, stash: GDNStash) -> Iterator[None]:
+    def _static_gdn_mode(self, tables: TreeTables, stash: GDNStash):
         """Within the block each GDN module runs the no-commit tree forward over its slab state."""
-        saved = {layer: self.gdn_modules[layer].__dict__.get("forward") for layer in self.gdn_layers}
-        try:
-            for slot, layer in enumerate(self.gdn_layers):
-                self.gdn_modules[layer].forward = self._gdn_forward(slot, layer, tables, stash)
-            yield
-        finally:
-            for layer, original in saved.items():
-                if original is None:
-                    del self.gdn_modules[layer].forward
-                else:
-                    self.gdn_modules[layer].forward = original
+        slot = {layer: g for g, layer in enumerate(self.gdn_layers)}
+        return patched_forwards(self.gdn_modules, lambda layer, _: self._gdn_forward(slot[layer], layer, tables, stash))
 
     def _gdn_forward(self, slot: int, layer: int, tables: TreeTables, stash: GDNStash):
         module = self.gdn_modules[layer]

@@ -256,40 +256,6 @@ class MTPHead(nn.Module):
         return {f"mtp.{k}": v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
 
 
-class StaticKV:
-    """The head's attention K/V in preallocated ``[1, kv_heads, max_length, head_dim]`` buffers.
-
-    A fixed-shape stand-in for transformers' cache: a forward writes its K/V at the rows named
-    by a device tensor (its positions) and attends over the first ``width`` rows, so a CUDA graph
-    can replay it for any committed length. ``at`` sets both before each forward; the caller's
-    mask hides the rows a query must not see.
-
-    >>> kv = StaticKV(head, 4096)                                                          # doctest: +SKIP
-    >>> head(embeds, hidden, positions[None], kv.at(positions, 4096), attention_mask=mask)  # doctest: +SKIP
-    """
-
-    def __init__(self, head: MTPHead, max_length: int) -> None:
-        param = next(head.parameters())
-        attn = head.layers[0].self_attn
-        shape = (1, int(head.layer_config.num_key_value_heads), max_length, int(attn.head_dim))
-        self.keys = torch.zeros(shape, device=param.device, dtype=param.dtype)
-        self.values = torch.zeros(shape, device=param.device, dtype=param.dtype)
-        self._rows: Tensor | None = None  # [n] where the next forward's K/V go
-        self._width = max_length
-
-    def at(self, rows: Tensor, width: int) -> "StaticKV":
-        """The next forward writes rows ``rows`` ``[n]`` and reads rows ``0..width-1``."""
-        self._rows, self._width = rows, width
-        return self
-
-    def update(self, keys: Tensor, values: Tensor, layer_idx: int, *_, **__) -> tuple[Tensor, Tensor]:
-        """``Cache.update`` as the decoder layer calls it (its cache kwargs are not needed here):
-        ``keys``/``values`` ``[1, kv_heads, n, head_dim]`` in, the ``width`` rows read out."""
-        self.keys.index_copy_(2, self._rows, keys)
-        self.values.index_copy_(2, self._rows, values)
-        return self.keys[:, :, : self._width], self.values[:, :, : self._width]
-
-
 # -- checkpoint reading --------------------------------------------------------------------------
 def _canonical(key: str, deepseek_prefix: str) -> str | None:
     """The module's name for a checkpoint key: ``None`` for non-MTP keys, ``""`` for shared copies."""

@@ -20,7 +20,7 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import flex_attention as fa
 from ddtree.models.flex_attention import KV_BLOCK, FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import greedy_reference, random_tree_visibility
+from ddtree.testing import greedy_reference, random_tree_visibility, tree_logits
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft, Verification
 from ddtree.verifiers import GreedyVerifier
@@ -134,11 +134,7 @@ def test_flex_verify_matches_dense_verify(tiny_models):
     prompt = torch.arange(2, 300) % 90
     draft = Draft(torch.log_softmax(torch.randn(4, 96, generator=torch.Generator().manual_seed(0)), -1))
     tree = BestFirstTreeBuilder(20).build(draft, root_token=7)
-    outs = []
-    for t in (dense, flex):
-        t.prefill(prompt)
-        outs.append(t.forward_tree(DenseMaskCompiler().compile(tree, t.past_length)).logits)
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(*tree_logits((dense, flex), prompt, tree), atol=1e-5, rtol=1e-5)
 
 
 def test_auto_stays_dense_on_the_cpu_and_bad_choices_are_refused(tiny_models):

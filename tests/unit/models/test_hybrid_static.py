@@ -12,7 +12,7 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HybridTarget, target_for
 from ddtree.models.gdn_tree_layer import read_gdn_state
 from ddtree.models.hybrid_static import StaticHybridTarget
-from ddtree.testing import conditional_generation_twin, greedy_reference, tiny_hybrid_target
+from ddtree.testing import conditional_generation_twin, greedy_reference, tiny_hybrid_target, tree_logits
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft
 from ddtree.verifiers import GreedyVerifier
@@ -92,12 +92,8 @@ def test_conditional_generation_checkpoints_are_served(model):
     # Real Qwen3.5/3.6 checkpoints load as Qwen3_5ForConditionalGeneration (text model nested).
     static, eager = StaticHybridTarget(conditional_generation_twin(model), max_length=64, cuda_graphs=False), \
         HybridTarget(model)
-    tree = _tree(96, seed=5, budget=12)
-    outs = []
-    for target in (static, eager):
-        target.prefill(PROMPT)
-        outs.append(target.forward_tree(DenseMaskCompiler().compile(tree, target.past_length)).logits)
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(*tree_logits((static, eager), PROMPT, _tree(96, seed=5, budget=12)),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_dispatch_and_refusals(model):
