@@ -271,7 +271,8 @@ def main(cfg: DictConfig) -> None:
     if is_hybrid(model):
         eager = HybridTarget(model)
         fast = StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
-                                  flex_threshold=cfg.flex_threshold)
+                                  flex_threshold=cfg.flex_threshold, triton=cfg.get("triton"))
+        print(f"hybrid fast path kernels: {fast.kernels()}", flush=True)
     else:
         eager = HFTarget(model)
         fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,

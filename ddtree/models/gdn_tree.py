@@ -109,9 +109,13 @@ def tree_causal_conv1d(
     k = weight.shape[-1]
     acc = torch.promote_types(weight.dtype, torch.float32)
     rows = torch.cat([conv_window.transpose(0, 1), x], dim=0).to(weight.dtype)  # [K + n, C]
-    window = rows[conv_taps(parents, k) if taps is None else taps]  # [n, K, C]
-    # A product and a sum over the K taps (one fused kernel when compiled), not a batched GEMV per channel.
-    out = (window.to(acc) * weight.to(acc).transpose(0, 1)).sum(dim=1)
+    taps = conv_taps(parents, k) if taps is None else taps  # [n, K]
+    # One gathered row per tap, multiplied and summed: a single pointwise kernel when compiled (a
+    # [n, K, C] gather reduced over K compiles to a strided reduction several times slower).
+    w = weight.to(acc)
+    out = rows[taps[:, 0]].to(acc) * w[:, 0]
+    for m in range(1, k):
+        out = out + rows[taps[:, m]].to(acc) * w[:, m]
     if bias is not None:
         out = out + bias.to(acc)
     return F.silu(out.to(weight.dtype)).to(x.dtype)
@@ -141,7 +145,7 @@ class DeltaTreeResult:
     """
 
     out: Tensor  # [n, H, dv] o_i = S_i^T q_i
-    keys: Tensor  # [n, H, dk] l2-normalised keys, repeated to the H value heads
+    keys: Tensor  # [n, Hk, dk] l2-normalised keys, one per key head (value head h reads h // (H / Hk))
     updates: Tensor  # [n, H, dv] u_i, the delta written into the state by node i
     log_decay: Tensor  # [n, H] gamma_i, sum of g over path(i)
     initial_state: Tensor  # [H, dk, dv] the committed state S0
@@ -185,12 +189,13 @@ def delta_rule_tensors(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     n, num_k_heads, dk = k.shape
     num_heads = v.shape[1]
     dtype = torch.promote_types(v.dtype, torch.float32)
+    keys = l2norm(k.to(dtype))  # [n, Hk, dk]
+    qh, kh = l2norm(q.to(dtype)) * dk**-0.5, keys
     if num_heads != num_k_heads:
-        q = q.repeat_interleave(num_heads // num_k_heads, dim=1)
-        k = k.repeat_interleave(num_heads // num_k_heads, dim=1)
+        qh = qh.repeat_interleave(num_heads // num_k_heads, dim=1)
+        kh = kh.repeat_interleave(num_heads // num_k_heads, dim=1)
     # Heads first for the batched solve: [H, n, d].
-    qh = l2norm(q.to(dtype).transpose(0, 1)) * dk**-0.5
-    kh = l2norm(k.to(dtype).transpose(0, 1))
+    qh, kh = qh.transpose(0, 1), kh.transpose(0, 1)
     vh = v.to(dtype).transpose(0, 1)
     bh = beta.to(dtype).transpose(0, 1)  # [H, n]
     if initial_state is None:
@@ -209,7 +214,7 @@ def delta_rule_tensors(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     # unitriangular: the solve treats the diagonal as 1, i.e. solves (I + system) U = rhs.
     u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     out = scale * (qh @ s0) + ((qh @ kh.transpose(-1, -2)) * decay) @ u  # [H, n, dv]
-    return out.transpose(0, 1), kh.transpose(0, 1), u.transpose(0, 1), gamma.transpose(0, 1), s0
+    return out.transpose(0, 1), keys, u.transpose(0, 1), gamma.transpose(0, 1), s0
 
 
 def tree_gated_delta_rule(
@@ -246,5 +251,16 @@ def commit_delta_state(
         return result.initial_state
     gamma = result.log_decay[idx]  # [p, H]
     weights = (gamma[-1:] - gamma).exp()  # [p, H]
-    written = torch.einsum("ph,phk,phv->hkv", weights, result.keys[idx], result.updates[idx])
+    written = grouped_outer_sum(weights, result.keys[idx], result.updates[idx])
     return gamma[-1].exp()[:, None, None] * result.initial_state + written
+
+
+def grouped_outer_sum(weights: Tensor, keys: Tensor, updates: Tensor) -> Tensor:  # [..., H, dk, dv]
+    """``sum_p weights[p, h] k[p, h // r] u[p, h]^T`` over the leading path axis p of ``[..., p, ...]``
+    tensors (weights ``[..., p, H]``, keys ``[..., p, Hk, dk]``, updates ``[..., p, H, dv]``, r = H / Hk),
+    without repeating the keys to the value heads."""
+    *lead, p, h = weights.shape
+    hk, dk, dv = keys.shape[-2], keys.shape[-1], updates.shape[-1]
+    written = torch.einsum("...pir,...pik,...pirv->...irkv", weights.reshape(*lead, p, hk, h // hk), keys,
+                           updates.reshape(*lead, p, hk, h // hk, dv))
+    return written.reshape(*lead, h, dk, dv)

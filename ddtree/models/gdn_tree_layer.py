@@ -15,17 +15,18 @@ between the two versions, so the layer attributes are read directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree.models import fused
+from ddtree.models import fused, gdn_tree_triton
 from ddtree.models.gdn_tree import (
     DeltaTreeResult,
     TreeTables,
+    l2norm,
     commit_conv_window,
     commit_delta_state,
     delta_rule_tensors,
@@ -93,7 +94,7 @@ def gdn_tree_forward(
     parents: Tensor,  # [n] long, parents[i] < i, -1 for the root
     state: GDNState | None,  # committed state; None for an empty prefix
     tables: TreeTables | None = None,  # the tree's tables when built once for all layers
-    fuse: bool = False,  # run the mixing steps as torch.compiled kernels (``tree_mix``)
+    mix: Callable | None = None,  # the mixing steps: ``tree_mix`` (default), its compiled form, or ``tree_mix_triton``
 ) -> tuple[Tensor, GDNTreeVerify]:  # [1, n, D]
     """Output of a ``Qwen3_5GatedDeltaNet`` for every tree node, each seeing only its root path.
 
@@ -124,8 +125,7 @@ def gdn_tree_forward(
         tables = TreeTables.of(parents, module.conv_kernel_size)
     if initial is None:
         initial = torch.zeros(h, dk, dv, dtype=torch.promote_types(dtype, torch.float32), device=x.device)
-    mix = fused.compiled(tree_mix) if fuse else tree_mix
-    out, keys, updates, log_decay, s0 = mix(
+    out, keys, updates, log_decay, s0 = (mix or tree_mix)(
         x, a, beta, module.A_log, module.dt_bias, window, weight, module.conv1d.bias, initial, tables.taps,
         tables.anc, module.key_dim, module.value_dim, dk,
     )
@@ -159,9 +159,38 @@ def tree_mix(
     compute = torch.promote_types(a.dtype, torch.float32)
     g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
     mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
-    q, k, v = torch.split(mixed, [key_dim, key_dim, value_dim], dim=-1)
+    # Sizes off the tensor, not value_dim: a compiled graph with dynamic ints need not prove they add up.
+    q, k, v = torch.split(mixed, [key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
     return delta_rule_tensors(q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, h, -1), g, beta, None,
                               initial, anc)
+
+
+def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
+                    weight: Tensor, bias: Tensor | None, taps: Tensor, anc: Tensor, key_dim: int, value_dim: int,
+                    dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``tree_mix`` up to the delta rule, in the compute dtype: q (l2-normalised, scaled by dk^-1/2) and k
+    (l2-normalised) ``[n, Hk, dk]``, v ``[n, H, dv]``, the path-summed log decay gamma and beta ``[n, H]``."""
+    n, h = a.shape
+    compute = torch.promote_types(a.dtype, torch.float32)
+    g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
+    mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
+    q, k, v = torch.split(mixed.to(compute), [key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
+    q = l2norm(q.reshape(n, -1, dk)) * dk**-0.5
+    k = l2norm(k.reshape(n, -1, dk))
+    return q, k, v.reshape(n, h, -1), anc.to(compute) @ g, beta.to(compute)
+
+
+def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
+                    weight: Tensor, bias: Tensor | None, initial: Tensor, taps: Tensor, anc: Tensor, key_dim: int,
+                    value_dim: int, dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``tree_mix`` with its elementwise steps compiled and the tree delta rule as one Triton kernel
+    (``gdn_tree_triton``); the same outputs, on a CUDA device with Triton. Its dots are IEEE float32
+    for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits)."""
+    q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
+                                                           anc, key_dim, value_dim, dk)
+    precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
+    out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision)
+    return out, k, updates, gamma, initial
 
 
 def commit_gdn_path(

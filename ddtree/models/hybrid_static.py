@@ -39,8 +39,9 @@ from ddtree.models import fused
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
-from ddtree.models.gdn_tree import TreeTables
-from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix
+from ddtree.models.gdn_tree import TreeTables, grouped_outer_sum
+from ddtree.models import gdn_tree_triton
+from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix, tree_mix_triton
 from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget, patched_forwards
 from ddtree.models.static_kv import StaticKV
 from ddtree.types import TargetOutput, VerifyInputs
@@ -53,17 +54,17 @@ class GDNStash:
     """What a verify of n nodes leaves for the commit, for all G GDN layers at once."""
 
     conv_inputs: Tensor  # [G, n, C] pre-conv inputs, model dtype
-    keys: Tensor  # [G, n, H, dk] l2-normalised keys, compute dtype
+    keys: Tensor  # [G, n, Hk, dk] l2-normalised keys (one per key head), compute dtype
     updates: Tensor  # [G, n, H, dv] the delta each node writes
     log_decay: Tensor  # [G, n, H] summed log decay along each node's root path
 
     @classmethod
     def empty(cls, g: int, n: int, module: nn.Module, dtype: torch.dtype, compute: torch.dtype,
               device: torch.device) -> "GDNStash":
-        h, dk, dv = module.num_v_heads, module.head_k_dim, module.head_v_dim
+        h, hk, dk, dv = module.num_v_heads, module.num_k_heads, module.head_k_dim, module.head_v_dim
         return cls(
             conv_inputs=torch.zeros(g, n, module.conv_dim, dtype=dtype, device=device),
-            keys=torch.zeros(g, n, h, dk, dtype=compute, device=device),
+            keys=torch.zeros(g, n, hk, dk, dtype=compute, device=device),
             updates=torch.zeros(g, n, h, dv, dtype=compute, device=device),
             log_decay=torch.zeros(g, n, h, dtype=compute, device=device),
         )
@@ -95,7 +96,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "dense",
-                 flex_threshold: int = 4096) -> None:
+                 flex_threshold: int = 4096, triton: bool | None = None) -> None:
         if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         super().__init__(model, max_length)
@@ -111,6 +112,10 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
+        if triton and not (self.fuse and gdn_tree_triton.available(device)):
+            raise ValueError("the Triton tree delta rule needs fuse=True, Triton installed and the model on a CUDA GPU")
+        # The tree delta rule as one Triton kernel per layer (fused path on a GPU), else torch ops.
+        self.triton = self.fuse and gdn_tree_triton.available(device) if triton is None else bool(triton)
         self._probed = False
         use_folded_sdpa(model)
         cfg = self.config
@@ -139,8 +144,9 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         fla = importlib.util.find_spec("fla") is not None
         return {
             "prefill": "flash-linear-attention" if fla else "torch fallback (install the gdn extra for its kernels)",
-            "verify": ("torch.compile'd tree conv and delta rule" if self.fuse else "torch tree conv and delta rule")
-            + (", CUDA graphs" if self.cuda_graphs else ""),
+            "verify": ("torch.compile'd tree conv, Triton tree delta rule" if self.triton
+                       else "torch.compile'd tree conv and delta rule" if self.fuse
+                       else "torch tree conv and delta rule") + (", CUDA graphs" if self.cuda_graphs else ""),
         }
 
     def set_taps(self, layers: Sequence[int]) -> None:
@@ -231,16 +237,27 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         compiler the plain functions run instead (the same math, more kernels)."""
         self._probed = True
 
+        def tiny_mix(mix, dtype: torch.dtype, device: torch.device) -> None:
+            n, h, d, k = 2, 2, 16, self.kernel_size
+            t = lambda *shape, dtype=dtype: torch.ones(*shape, dtype=dtype, device=device)  # noqa: E731
+            mix(t(n, 3 * h * d), t(n, h), t(n, h), t(h), t(h), t(3 * h * d, k), t(3 * h * d, k), None,
+                t(h, d, d, dtype=self.compute_dtype), torch.zeros(n, k, dtype=torch.long, device=device),
+                torch.eye(n, dtype=torch.bool, device=device), h * d, h * d, d)
+
         def check(dtype: torch.dtype, device: torch.device) -> None:
             fused.probe(dtype, device)
-            n, h, d, k = 2, 2, 4, self.kernel_size
-            t = lambda *shape, dtype=dtype: torch.ones(*shape, dtype=dtype, device=device)  # noqa: E731
-            fused.compiled(tree_mix)(t(n, 3 * h * d), t(n, h), t(n, h), t(h), t(h), t(3 * h * d, k), t(3 * h * d, k),
-                                     None, t(h, d, d, dtype=self.compute_dtype), torch.zeros(n, k, dtype=torch.long,
-                                     device=device), torch.eye(n, dtype=torch.bool, device=device), h * d, h * d, d)
+            tiny_mix(fused.compiled(tree_mix), dtype, device)
 
         self.fuse = self._compiles(check, "runs the plain functions (the same tokens, slower); pass fuse=False "
                                           "to silence this.")
+        if self.triton and self.fuse:
+            try:
+                tiny_mix(tree_mix_triton, self.dtype, self.input_device)
+            except Exception as err:  # a Triton build or launch failure of any kind: keep the compiled torch math
+                log.warning("the Triton tree delta rule does not run here (%s: %s); the compiled torch math runs instead",
+                            type(err).__name__, (str(err).splitlines() or [""])[0])
+                self.triton = False
+        self.triton = self.triton and self.fuse
 
     def _static_gdn_mode(self, tables: TreeTables, stash: GDNStash):
         """Within the block each GDN module runs the no-commit tree forward over its slab state."""
@@ -252,7 +269,8 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
 
         def forward(hidden_states: Tensor, *args, **kwargs) -> Tensor:  # [1, n, D] -> [1, n, D]
             state = GDNState(conv_window=self.conv[slot], recurrent_state=self.recurrent[slot])
-            out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables, self.fuse)
+            mix = tree_mix_triton if self.triton else fused.compiled(tree_mix) if self.fuse else tree_mix
+            out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables, mix)
             stash.conv_inputs[slot].copy_(verify.conv_inputs)
             stash.keys[slot].copy_(verify.delta.keys)
             stash.updates[slot].copy_(verify.delta.updates)
@@ -292,8 +310,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         # Recurrent state: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state).
         gamma = stash.log_decay.index_select(1, idx)  # [G, a, H]
         weights = (gamma[:, -1:] - gamma).exp()
-        written = torch.einsum("gph,gphk,gphv->ghkv", weights, stash.keys.index_select(1, idx),
-                               stash.updates.index_select(1, idx))
+        written = grouped_outer_sum(weights, stash.keys.index_select(1, idx), stash.updates.index_select(1, idx))
         self.recurrent.mul_(gamma[:, -1].exp()[:, :, None, None]).add_(written)
         # Conv windows: the last K columns of window + path inputs.
         fed = stash.conv_inputs.index_select(1, idx).transpose(1, 2)  # [G, C, a]

@@ -6,12 +6,15 @@ one as long as a verify and one crossing a mask-width bucket, budget sequences r
 GDN tree math as captured (fp32 on the GPU) against the token-by-token recurrence in fp64.
 """
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree.models.gdn_tree import solve_tree_delta_rule
+from ddtree.models.gdn_tree import ancestor_matrix, l2norm, solve_tree_delta_rule
+from ddtree.models.gdn_tree_triton import tree_delta_rule
 from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.testing import check_budget_sequence, fp32_cuda_pair, per_node_delta_rule
 
@@ -37,11 +40,15 @@ def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
 
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))
 @pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])
-@pytest.mark.parametrize("graphs,fuse,attention", [(True, True, "dense"), (True, False, "dense"),
-                                                   (False, False, "dense"), (True, True, "flex")],
-                         ids=["graphs-fused", "graphs", "eager", "graphs-fused-flex"])
-def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse, attention):
-    target = StaticHybridTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse, attention=attention)
+@pytest.mark.parametrize("graphs,fuse,attention,triton", [(True, True, "dense", None), (True, True, "dense", False),
+                                                          (True, False, "dense", False), (False, False, "dense", False),
+                                                          (True, True, "flex", None)],
+                         ids=["graphs-fused-triton", "graphs-fused-torch", "graphs", "eager", "graphs-fused-flex"])
+def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse, attention,
+                                                          triton):
+    target = StaticHybridTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse, attention=attention,
+                                triton=triton)
+    assert target.triton == (triton is None and fuse)
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
 
@@ -51,7 +58,7 @@ def test_any_budget_order_is_greedy_on_the_hybrid(setup, steps):
     _check_sequence(setup, StaticHybridTarget(setup[0], max_length=512), "replay", steps)
 
 
-@pytest.mark.parametrize("n, seed", [(17, 0), (65, 1), (257, 2)])
+@pytest.mark.parametrize("n, seed", [(1, 3), (17, 0), (65, 1), (257, 2)])
 def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, seed):
     gen = torch.Generator().manual_seed(seed)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
@@ -62,6 +69,15 @@ def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, 
                                                                                        dtype=torch.float64)
     want = per_node_delta_rule(q, k, v, g, beta, parents, s0)
     cuda = [x.float().cuda() for x in (q, k, v, g, beta)]
-    got = solve_tree_delta_rule(*cuda, parents.cuda(), s0.float().cuda()).out.double().cpu()
+    result = solve_tree_delta_rule(*cuda, parents.cuda(), s0.float().cuda())
     # Stated tolerance: fp32 math on O(1) inputs, n <= 257 nodes, depth <= n.
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(result.out.double().cpu(), want, atol=2e-4, rtol=2e-4)
+    # The Triton kernel (IEEE float32 dots), on the same inputs, within the same tolerance.
+    qn, kn = (l2norm(q) * q.shape[-1] ** -0.5).float().cuda(), l2norm(k).float().cuda()
+    anc = ancestor_matrix(parents.cuda())
+    gamma = anc.double() @ g.cuda()
+    for block, split in itertools.product((16, 32, 64), (False, True)):
+        out, updates = tree_delta_rule(qn, kn, cuda[2], gamma.float(), cuda[4], s0.float().cuda(), anc, block=block,
+                                       split=split)
+        torch.testing.assert_close(out.double().cpu(), want, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(updates, result.updates, atol=2e-4, rtol=2e-4)

@@ -1,0 +1,165 @@
+"""Triton kernels of the tree delta rule (``gdn_tree_triton`` holds the math and the launcher).
+
+Imported only where Triton is installed (``gdn_tree_triton._kernels``); every ``@triton.jit``
+function is module-level so that the kernels can call the two helpers.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def path_decay(anc, g_rows, g_cols):  # [BT, BT]: e^{gamma_i - gamma_j} where j is i or an ancestor, else 0
+    # Exponent only where anc is set: there gamma_i - gamma_j <= 0, elsewhere it could overflow.
+    return tl.where(anc, tl.exp(tl.where(anc, g_rows[:, None] - g_cols[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def unit_lower_inverse(system, BT: tl.constexpr, LOG2BT: tl.constexpr, PRECISION: tl.constexpr):
+    # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...(I + A^(BT/2)): A^BT = 0 for a strictly lower BT x BT A.
+    t = tl.arange(0, BT)
+    eye = (t[:, None] == t[None, :]).to(tl.float32)
+    inverse = eye - system
+    power = system
+    for _ in tl.static_range(LOG2BT - 1):
+        power = tl.dot(power, power, input_precision=PRECISION)
+        inverse = tl.dot(inverse, eye + power, input_precision=PRECISION)
+    return inverse
+
+
+@triton.jit
+def block_start(q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0, rows, live, h, hk, dk, dv, stride_qn, stride_vn,
+                stride_gn, DK: tl.constexpr, DV: tl.constexpr, PRECISION: tl.constexpr):
+    """A row block's keys, queries, gamma, beta, and what its U and O start from (the committed state's share):
+    acc_u = beta (v - e^gamma K S0), acc_o = e^gamma Q S0, both [BT, BV]."""
+    kb = tl.load(k_ptr + rows[:, None] * stride_qn + hk * DK + dk[None, :], mask=live[:, None], other=0.0)
+    qb = tl.load(q_ptr + rows[:, None] * stride_qn + hk * DK + dk[None, :], mask=live[:, None], other=0.0)
+    vb = tl.load(v_ptr + rows[:, None] * stride_vn + h * DV + dv[None, :], mask=live[:, None], other=0.0)
+    gb = tl.load(gamma_ptr + rows * stride_gn + h, mask=live, other=0.0)
+    bb = tl.load(beta_ptr + rows * stride_gn + h, mask=live, other=0.0)
+    eg = tl.exp(gb)
+    acc_u = bb[:, None] * (vb - eg[:, None] * tl.dot(kb, s0, input_precision=PRECISION))
+    acc_o = eg[:, None] * tl.dot(qb, s0, input_precision=PRECISION)
+    return kb, qb, gb, bb, acc_u, acc_o
+
+
+@triton.jit
+def tree_delta_kernel(
+    q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0_ptr, anc_ptr, out_ptr, u_ptr,
+    stride_qn, stride_vn, stride_gn, stride_an, stride_on,
+    N: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    LOG2BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One kernel: the system, its solve and the outputs, block by block (a program per head and value slice)."""
+    h = tl.program_id(0)  # value head
+    vs = tl.program_id(1) * BV  # first value column of this program
+    hk = h // R  # the key head it reads
+    t = tl.arange(0, BT)
+    dk = tl.arange(0, DK)
+    dv = vs + tl.arange(0, BV)
+    s0 = tl.load(s0_ptr + h * DK * DV + dk[:, None] * DV + dv[None, :])  # [DK, BV]
+    below = t[:, None] > t[None, :]
+    for b in range((N + BT - 1) // BT):
+        rows = b * BT + t
+        live = rows < N
+        kb, qb, gb, bb, acc_u, acc_o = block_start(q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0, rows, live, h, hk, dk,
+                                                   dv, stride_qn, stride_vn, stride_gn, DK, DV, PRECISION)
+        for c in range(b):  # earlier blocks: all rows < N
+            cols = c * BT + t
+            kc = tl.load(k_ptr + cols[:, None] * stride_qn + hk * DK + dk[None, :])
+            uc = tl.load(u_ptr + cols[:, None] * stride_on + h * DV + dv[None, :])
+            gc = tl.load(gamma_ptr + cols * stride_gn + h)
+            anc = tl.load(anc_ptr + rows[:, None] * stride_an + cols[None, :], mask=live[:, None], other=0) != 0
+            decay = path_decay(anc, gb, gc)
+            kct = tl.trans(kc)
+            system = bb[:, None] * tl.dot(kb, kct, input_precision=PRECISION) * decay
+            scores = tl.dot(qb, kct, input_precision=PRECISION) * decay
+            acc_u -= tl.dot(system, uc, input_precision=PRECISION)
+            acc_o += tl.dot(scores, uc, input_precision=PRECISION)
+        anc = tl.load(anc_ptr + rows[:, None] * stride_an + rows[None, :],
+                      mask=live[:, None] & live[None, :], other=0) != 0
+        decay = path_decay(anc, gb, gb)
+        kbt = tl.trans(kb)
+        system = tl.where(below, bb[:, None] * tl.dot(kb, kbt, input_precision=PRECISION) * decay, 0.0)
+        ub = tl.dot(unit_lower_inverse(system, BT, LOG2BT, PRECISION), acc_u, input_precision=PRECISION)
+        scores = tl.dot(qb, kbt, input_precision=PRECISION) * decay
+        acc_o += tl.dot(scores, ub, input_precision=PRECISION)
+        tl.store(u_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], ub, mask=live[:, None])
+        tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o, mask=live[:, None])
+        tl.debug_barrier()  # this block's U, read back by later blocks, is visible to every thread
+
+
+@triton.jit
+def tree_system_kernel(
+    q_ptr, k_ptr, gamma_ptr, beta_ptr, anc_ptr, sys_ptr, scores_ptr, inv_ptr,
+    stride_qn, stride_gn, stride_an,
+    N: tl.constexpr, NP: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr,
+    LOG2BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Split form, part 1 (a program per head and row block, all in parallel): the blocks of the
+    system A and of the masked scores Q K^T * D left of and on the diagonal, and the inverse of
+    each diagonal block of I + A. Nothing here depends on U."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    hk = h // R
+    t = tl.arange(0, BT)
+    dk = tl.arange(0, DK)
+    rows = b * BT + t
+    live = rows < N
+    kb = tl.load(k_ptr + rows[:, None] * stride_qn + hk * DK + dk[None, :], mask=live[:, None], other=0.0)
+    qb = tl.load(q_ptr + rows[:, None] * stride_qn + hk * DK + dk[None, :], mask=live[:, None], other=0.0)
+    gb = tl.load(gamma_ptr + rows * stride_gn + h, mask=live, other=0.0)
+    bb = tl.load(beta_ptr + rows * stride_gn + h, mask=live, other=0.0)
+    out = h * NP * NP + rows[:, None] * NP
+    for c in range(NP // BT):  # a static bound, as the interpreter needs; blocks right of the diagonal are skipped
+        if c <= b:
+            cols = c * BT + t
+            kc = tl.load(k_ptr + cols[:, None] * stride_qn + hk * DK + dk[None, :], mask=(cols < N)[:, None],
+                         other=0.0)
+            gc = tl.load(gamma_ptr + cols * stride_gn + h, mask=cols < N, other=0.0)
+            anc = tl.load(anc_ptr + rows[:, None] * stride_an + cols[None, :],
+                          mask=live[:, None] & (cols < N)[None, :], other=0) != 0
+            decay = path_decay(anc, gb, gc)
+            kct = tl.trans(kc)
+            system = bb[:, None] * tl.dot(kb, kct, input_precision=PRECISION) * decay
+            if c == b:
+                system = tl.where(t[:, None] > t[None, :], system, 0.0)
+                inverse = unit_lower_inverse(system, BT, LOG2BT, PRECISION)
+                tl.store(inv_ptr + h * NP * BT + rows[:, None] * BT + t[None, :], inverse)
+            tl.store(sys_ptr + out + cols[None, :], system)
+            tl.store(scores_ptr + out + cols[None, :], tl.dot(qb, kct, input_precision=PRECISION) * decay)
+
+
+@triton.jit
+def tree_solve_kernel(
+    q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0_ptr, sys_ptr, scores_ptr, inv_ptr, out_ptr, u_ptr,
+    stride_qn, stride_vn, stride_gn, stride_on,
+    N: tl.constexpr, NP: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BV: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Split form, part 2 (a program per head and value slice): the block forward substitution
+    over the stored system, and the outputs; each step is a few [BT, BT] x [BT, BV] dots."""
+    h = tl.program_id(0)
+    vs = tl.program_id(1) * BV
+    hk = h // R
+    t = tl.arange(0, BT)
+    dk = tl.arange(0, DK)
+    dv = vs + tl.arange(0, BV)
+    s0 = tl.load(s0_ptr + h * DK * DV + dk[:, None] * DV + dv[None, :])  # [DK, BV]
+    for b in range((N + BT - 1) // BT):
+        rows = b * BT + t
+        live = rows < N
+        kb, qb, gb, bb, acc_u, acc_o = block_start(q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0, rows, live, h, hk, dk,
+                                                   dv, stride_qn, stride_vn, stride_gn, DK, DV, PRECISION)
+        out = h * NP * NP + rows[:, None] * NP
+        for c in range(b):
+            cols = c * BT + t
+            uc = tl.load(u_ptr + cols[:, None] * stride_on + h * DV + dv[None, :])
+            acc_u -= tl.dot(tl.load(sys_ptr + out + cols[None, :]), uc, input_precision=PRECISION)
+            acc_o += tl.dot(tl.load(scores_ptr + out + cols[None, :]), uc, input_precision=PRECISION)
+        inverse = tl.load(inv_ptr + h * NP * BT + rows[:, None] * BT + t[None, :])
+        ub = tl.dot(inverse, acc_u, input_precision=PRECISION)
+        acc_o += tl.dot(tl.load(scores_ptr + out + rows[None, :]), ub, input_precision=PRECISION)
+        tl.store(u_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], ub, mask=live[:, None])
+        tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o, mask=live[:, None])
+        tl.debug_barrier()  # this block's U, read back by later blocks, is visible to every thread

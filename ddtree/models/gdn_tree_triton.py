@@ -1,0 +1,104 @@
+"""The tree delta rule of ``gdn_tree`` as one Triton kernel: every GDN layer of a tree verify in one launch.
+
+``delta_rule_tensors`` solves, per value head, ``(I + A) U = rhs`` with A the n x n strictly
+lower-triangular ancestor system and then ``O = e^gamma Q S0 + (Q K^T * D) U``, through a batched
+triangular solve and dense ``[H, n, n]`` decay tensors: on a 48-GDN-layer model at n = 257 that is
+about twenty launches and a few hundred microseconds per layer. Here one program owns a value head
+and a slice of its value dimension and walks the nodes in blocks of ``BT`` rows (parents precede
+children, so block b needs only blocks <= b):
+
+    acc_u = beta_b (v_b - e^gamma_b K_b S0) - sum_{c<b} A_bc U_c     (A_bc = beta_b (K_b K_c^T * D_bc))
+    U_b   = (I + A_bb)^-1 acc_u                                        (A_bb nilpotent: a product of
+                                                                        log2(BT) factors I + A^(2^i))
+    O_b   = e^gamma_b Q_b S0 + sum_{c<=b} (Q_b K_c^T * D_bc) U_c
+
+with ``D_ij = e^{gamma_i - gamma_j}`` where j is i or an ancestor of i, else 0. ``U_c`` of earlier
+blocks is read back from the output it was written to by the same program. Dots run in IEEE
+float32 by default (the float32 tests' exactness); ``precision="tf32"`` trades that for speed.
+
+The kernels live in ``gdn_tree_kernels``, imported on first use: without Triton (CPU wheels of
+torch) ``available()`` is False and callers keep the torch math. ``TRITON_INTERPRET=1`` (set before
+that import) runs the kernels on the CPU for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+from torch import Tensor
+
+PRECISIONS = ("ieee", "tf32")
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on ``device``: Triton is installed and the device is a CUDA GPU."""
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _kernels():
+    from ddtree.models import gdn_tree_kernels  # imports Triton
+
+    return gdn_tree_kernels
+
+
+def tree_delta_rule(
+    q: Tensor,  # [n, Hk, dk] l2-normalised and scaled by dk^-1/2, float32
+    k: Tensor,  # [n, Hk, dk] l2-normalised, float32
+    v: Tensor,  # [n, H, dv] float32
+    gamma: Tensor,  # [n, H] summed log decay along each node's root path
+    beta: Tensor,  # [n, H]
+    initial_state: Tensor,  # [H, dk, dv] float32
+    anc: Tensor,  # [n, n] bool, ``ancestor_matrix``
+    block: int = 32,
+    value_block: int = 32,
+    precision: str = "ieee",
+    split: bool = False,
+) -> tuple[Tensor, Tensor]:  # out [n, H, dv], updates [n, H, dv]
+    """Per-node outputs and updates of the tree delta rule (``delta_rule_tensors``'s math).
+
+    One launch by default. ``split=True`` first builds every block of the system, of the masked
+    scores and of the diagonal inverses in parallel (a program per head and row block, into
+    ``[H, n', n']`` scratch), then runs the block forward substitution over them: a shorter
+    dependent chain per program for more memory traffic (the same math and rounding steps).
+
+    >>> out, u = tree_delta_rule(q, k, v, gamma, beta, s0, anc)     # doctest: +SKIP
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {PRECISIONS}")
+    n, hk, dk = k.shape
+    h, dv = v.shape[1], v.shape[2]
+    value_block = min(value_block, dv)
+    if block & (block - 1) or block < 16 or dv % value_block:
+        raise ValueError(f"block {block} must be a power of two >= 16 and value_block {value_block} divide dv {dv}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    gamma, beta = gamma.float().contiguous(), beta.float().contiguous()
+    s0 = initial_state.float().contiguous()
+    anc = anc.contiguous().view(torch.int8)
+    out = torch.empty(n, h, dv, dtype=torch.float32, device=v.device)
+    updates = torch.empty_like(out)
+    kernels, log2bt = _kernels(), block.bit_length() - 1
+    if not split:
+        kernels.tree_delta_kernel[(h, dv // value_block)](
+            q, k, v, gamma, beta, s0, anc, out, updates,
+            q.stride(0), v.stride(0), gamma.stride(0), anc.stride(0), out.stride(0),
+            N=n, R=h // hk, DK=dk, DV=dv, BV=value_block, BT=block, LOG2BT=log2bt, PRECISION=precision,
+        )
+        return out, updates
+    blocks = -(-n // block)
+    padded = blocks * block
+    system = torch.empty(h, padded, padded, dtype=torch.float32, device=v.device)  # only blocks c <= b are written
+    scores = torch.empty_like(system)
+    inverse = torch.empty(h, padded, block, dtype=torch.float32, device=v.device)
+    kernels.tree_system_kernel[(h, blocks)](
+        q, k, gamma, beta, anc, system, scores, inverse, q.stride(0), gamma.stride(0), anc.stride(0),
+        N=n, NP=padded, R=h // hk, DK=dk, BT=block, LOG2BT=log2bt, PRECISION=precision,
+    )
+    kernels.tree_solve_kernel[(h, dv // value_block)](
+        q, k, v, gamma, beta, s0, system, scores, inverse, out, updates,
+        q.stride(0), v.stride(0), gamma.stride(0), out.stride(0),
+        N=n, NP=padded, R=h // hk, DK=dk, DV=dv, BV=value_block, BT=block, PRECISION=precision,
+    )
+    return out, updates

@@ -1,0 +1,135 @@
+"""What one GDN layer's tree mixing costs per kernel variant (Qwen3.6-27B geometry by default).
+
+    python experiments/gdn_kernel_bench.py --out gdn_kernels.json                 # one H200, ~1 min
+    python experiments/gdn_kernel_bench.py --sizes 65 257 --blocks 32 --value-blocks 32
+
+For each verify size n (a random tree of depth <= 16, as DDTree builds) it times, as CUDA-graph
+replays of --reps back-to-back calls (the median of five replays, per call):
+
+- ``mix/torch``: the compiled torch tree mixing (``tree_mix``: conv, decay, batched triangular solve);
+- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (compiled conv and prologue, Triton rule);
+- ``prologue``: the compiled part of it alone (conv, l2norm, path-summed decay);
+- ``rule/...``: ``gdn_tree_triton.tree_delta_rule`` alone, per block, value block, precision and form
+  (one kernel, or ``split``: the system in parallel, then the forward substitution),
+
+each with its error ``|out - ref| / |ref|`` against the float64 torch math on the same inputs.
+Random inputs, bf16 activations as in the model. Plain argparse, no Hydra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+
+from ddtree.models import fused
+from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors
+from ddtree.models.gdn_tree_layer import tree_mix, tree_mix_inputs, tree_mix_triton
+from ddtree.models.gdn_tree_triton import tree_delta_rule
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--key-heads", type=int, default=16)
+    p.add_argument("--value-heads", type=int, default=48)
+    p.add_argument("--head-dim", type=int, default=128, help="dk = dv")
+    p.add_argument("--kernel-size", type=int, default=4)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 17, 65, 257])
+    p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64])
+    p.add_argument("--value-blocks", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--reps", type=int, default=20, help="calls per captured graph")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def graphed_us(fn, reps: int) -> float:
+    """Microseconds per call: ``reps`` calls captured in one CUDA graph, the median of five replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(1e3 * start.elapsed_time(end) / reps)
+    return sorted(times)[2]
+
+
+def random_tree(n: int, gen: torch.Generator, max_depth: int = 16) -> torch.Tensor:  # [n] parents
+    parents, depth = [-1], [0]
+    for i in range(1, n):
+        while True:
+            j = int(torch.randint(0, i, (1,), generator=gen))
+            if depth[j] < max_depth - 1:
+                break
+        parents.append(j)
+        depth.append(depth[j] + 1)
+    return torch.tensor(parents)
+
+
+def bench_size(args, n: int, gen: torch.Generator) -> dict:
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    hk, h, d, k = args.key_heads, args.value_heads, args.head_dim, args.kernel_size
+    channels = 2 * hk * d + h * d
+    parents = random_tree(n, gen).to(dev)
+    anc, taps = ancestor_matrix(parents), conv_taps(parents, k)
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(dev)  # noqa: E731
+    x, a, beta = r(n, channels).to(bf16), r(n, h).to(bf16), torch.rand(n, h, generator=gen).to(dev, bf16)
+    a_log, dt_bias = 0.5 * r(h), 0.5 * r(h)
+    window, weight, s0 = r(channels, k).to(bf16), (0.5 * r(channels, k)).to(bf16), 0.1 * r(h, d, d)
+    mix_args = (x, a, beta, a_log, dt_bias, window, weight, None, s0, taps, anc, hk * d, hk * d, d)
+    prologue_args = (x, a, beta, a_log, dt_bias, window, weight, None, taps, anc, hk * d, hk * d, d)
+    row: dict = {"n": n}
+    torch_mix, prologue = fused.compiled(tree_mix), fused.compiled(tree_mix_inputs)
+    row["mix/torch"] = graphed_us(lambda: torch_mix(*mix_args), args.reps)
+    row["mix/triton"] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
+    row["prologue"] = graphed_us(lambda: prologue(*prologue_args), args.reps)
+    q, key, v, gamma, b = prologue(*prologue_args)
+    # The float64 reference on the same inputs: g back from gamma (anc is unit lower triangular).
+    g = torch.linalg.solve_triangular(anc.double(), gamma.double(), upper=False, unitriangular=True)
+    ref = delta_rule_tensors(q.double() * d**0.5, key.double(), v.double(), g, b.double(), None, s0.double(), anc)[0]
+    for block, value_block, precision, split in itertools.product(args.blocks, args.value_blocks, ("ieee", "tf32"),
+                                                                  (False, True)):
+        name = f"rule/bt{block}/bv{value_block}/{precision}" + ("/split" if split else "")
+        run = lambda: tree_delta_rule(q, key, v, gamma, b, s0, anc, block=block, value_block=value_block,  # noqa: E731
+                                      precision=precision, split=split)
+        try:
+            out = run()[0]
+            row[name] = {"us": graphed_us(run, args.reps),
+                         "rel_err": float((out.double() - ref).norm() / ref.norm())}
+        except Exception as err:  # a variant Triton cannot build here: recorded, not fatal
+            row[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    return row
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("experiments/gdn_kernel_bench.py times GPU kernels: no CUDA device is visible")
+    gen = torch.Generator().manual_seed(args.seed)
+    rows = []
+    for n in args.sizes:
+        rows.append(bench_size(args, n, gen))
+        print(json.dumps(rows[-1]), flush=True)
+        if args.out is not None:  # rewritten after every size: a run cut short keeps what it measured
+            args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The Triton tree delta rule against the torch math, run by Triton's interpreter on the CPU
+(skipped where Triton is not installed, as in CI; the GPU suite runs it compiled)."""
+
+import sys
+
+import pytest
+import torch
+
+from ddtree.models import gdn_tree_triton
+from ddtree.models.gdn_tree import ancestor_matrix, delta_rule_tensors, l2norm
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernels are decorated, at their import
+    monkeypatch.delitem(sys.modules, "ddtree.models.gdn_tree_kernels", raising=False)
+    gdn_tree_triton._kernels.cache_clear()
+    yield
+    sys.modules.pop("ddtree.models.gdn_tree_kernels", None)
+    gdn_tree_triton._kernels.cache_clear()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
+@pytest.mark.parametrize("n, r, block, value_block", [(1, 3, 16, 32), (17, 3, 16, 16), (40, 2, 32, 32), (70, 1, 16, 32)])
+def test_kernel_matches_the_torch_tree_delta_rule(interpreted, n, r, block, value_block, split):
+    gen = torch.Generator().manual_seed(n)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    if n > 5:
+        parents[5] = -1  # a forest: a second root attached to the committed prefix
+    hk, dk, dv = 2, 16, 32
+    h = hk * r
+    x = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    q, k, v, s0 = x(n, hk, dk), x(n, hk, dk), x(n, h, dv), x(h, dk, dv)
+    g, beta = -torch.rand(n, h, generator=gen, dtype=torch.float64), torch.rand(n, h, generator=gen, dtype=torch.float64)
+    anc = ancestor_matrix(parents)
+    out, keys, updates, gamma, _ = delta_rule_tensors(q, k, v, g, beta, parents, s0, anc)
+    got_out, got_updates = gdn_tree_triton.tree_delta_rule(
+        (l2norm(q) * dk**-0.5).float(), keys.float(), v.float(), gamma.float(), beta.float(), s0.float(), anc,
+        block=block, value_block=value_block, split=split)
+    torch.testing.assert_close(got_out.double(), out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_updates.double(), updates, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_blocks_and_precision_are_refused():
+    t = torch.zeros(2, 1, 16)
+    with pytest.raises(ValueError, match="precision"):
+        gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
+                                        torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool), precision="bf16")
+    with pytest.raises(ValueError, match="power of two"):
+        gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
+                                        torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool), block=24)
