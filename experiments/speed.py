@@ -88,13 +88,14 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
     heads = {} if mtp_head is None else {"head": mtp_head}
     for preset in cfg.strategies:
-        base = presets.compose(preset)  # block_size null: the drafter's own
+        shared = [f"mask={cfg.mask}"] if cfg.get("mask") else []  # e.g. mask=tree: no [n, context] mask buffer
+        base = presets.compose(preset, shared) if shared else presets.compose(preset)  # block_size null: the drafter's own
         budgets = list(cfg.budgets) if "budget" in base.tree else [None]
         # MTP: one row per k of ``mtp_steps`` (label -kK); unset, the preset's own steps.
         steps = list(cfg.mtp_steps) if cfg.get("mtp_steps") and "steps" in base.drafter else [None]
         for budget, k in ((b, k) for b in budgets for k in steps):
-            overrides = ([] if budget is None else [f"tree.budget={budget}", f"tree.method={cfg.tree_method}"]) + \
-                ([] if k is None else [f"drafter.steps={k}"])
+            overrides = shared + ([] if budget is None else [f"tree.budget={budget}", f"tree.method={cfg.tree_method}"]) \
+                + ([] if k is None else [f"drafter.steps={k}"])
             strategy = presets.compose(preset, overrides) if overrides else base
             label = preset + ("" if budget is None else f"-{budget}") + ("" if k is None else f"-k{k}")
             for path, target in paths:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
+from ddtree.masks.tree import additive_tree_mask
 from ddtree.models.gdn_tree import TreeTables
 from ddtree.models.gdn_tree_layer import (
     GDNTreeVerify,
@@ -100,7 +101,7 @@ class HybridTarget(HFTarget):
                 f"the tree was laid out after {inputs.past_length} tokens, the cache holds {self.past_length}"
             )
         self._check_cache()
-        mask = {ATTENTION: inputs.attention_mask, GDN: None}
+        mask = {ATTENTION: additive_tree_mask(inputs.attention_mask, inputs.past_length, self.dtype), GDN: None}
         stash: dict[int, GDNTreeVerify] = {}
         try:
             with gdn_verify_mode(self.gdn_modules, self.cache, inputs.parents, stash):

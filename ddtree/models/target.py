@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from ddtree.masks.tree import additive_tree_mask
 from ddtree.types import FINAL_NORM, TargetOutput, VerifyInputs
 
 
@@ -122,7 +123,8 @@ class HFTarget:
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         """One forward over the tree: logits ``[n, vocab]`` and taps for every node."""
-        return self._forward(inputs.input_ids, inputs.position_ids, inputs.attention_mask, logits_to_keep=0)
+        mask = additive_tree_mask(inputs.attention_mask, inputs.past_length, self.dtype)  # a bool tree block expanded
+        return self._forward(inputs.input_ids, inputs.position_ids, mask, logits_to_keep=0)
 
     def commit(self, path: Sequence[int]) -> None:
         """Keep the prefix plus the accepted nodes' K/V rows, contiguous, in path order."""

@@ -159,9 +159,11 @@ def test_the_fast_path_forced_on_decodes_the_same_tokens(tmp_path) -> None:
     assert tokens["true"] == tokens["false"] and len(tokens["true"]) == 3
 
 
-def test_speed_takes_its_strategies_from_the_presets():
+@pytest.mark.parametrize("mask", [None, "tree"])
+def test_speed_takes_its_strategies_from_the_presets(mask):
     """speed.py builds every preset of `strategies` (a tree preset once per budget) through the
-    presets, on both paths; they all decode the greedy text (the timing itself needs a GPU)."""
+    presets, on both paths, with their mask compiler or the one `mask` names; they all decode the
+    greedy text (the timing itself needs a GPU)."""
     import importlib.util
 
     import torch
@@ -176,7 +178,8 @@ def test_speed_takes_its_strategies_from_the_presets():
     spec.loader.exec_module(speed)
     model = tiny_target("qwen3")
     cfg = OmegaConf.create({"strategies": ["ar", "dflash", "ddtree", "mtp_tree"], "budgets": [4, 16],
-                            "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": True, "tree_method": "auto"})
+                            "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": True, "tree_method": "auto",
+                            "mask": mask})
     fast = StaticTarget(model, max_length=256, cuda_graphs=False)
     from ddtree.models import MTPHead
 
@@ -186,6 +189,7 @@ def test_speed_takes_its_strategies_from_the_presets():
     prompt = torch.arange(4, 20)
     want = greedy_reference(model, prompt, 16)
     for label, path, engine in built:
+        assert type(engine.mask_compiler).__name__ == ("TreeMaskCompiler" if mask else "DenseMaskCompiler")
         assert engine.generate(prompt, max_new_tokens=16).tokens == want, (label, path)
         if label.startswith("mtp"):  # the fast path's MTP drafter: its static cache (op by op off the GPU)
             assert (engine.drafter._chain is not None) == (path == "fast"), (label, path)

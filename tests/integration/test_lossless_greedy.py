@@ -10,8 +10,9 @@ import torch
 
 from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
-from ddtree.masks import DenseMaskCompiler
+from ddtree.masks import DenseMaskCompiler, TreeMaskCompiler
 from ddtree.models import HFTarget, target_for
+from ddtree.models.static_target import StaticTarget
 from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.testing import greedy_reference, tiny_dflash
 from ddtree.trees import BestFirstTreeBuilder, CalibratedTreeBuilder, ChainTreeBuilder
@@ -47,6 +48,24 @@ def _strategies(model, target):
     yield "calibrated16-random", DFlashDrafter(dflash, target), CalibratedTreeBuilder(16, [0.5, 0.8, 2.0])
     yield "calibrated64-oracle", OracleDrafter(model, depth=7, swap_prob=0.3, sharpness=10), \
         CalibratedTreeBuilder(64, [0.7, 1.5, 3.0])
+
+
+# The tree block alone (TreeMaskCompiler, a bool [n, n]): the eager targets expand it, the static
+# ones (StaticTarget on the CPU runs its graphed buffers eagerly) write it into their own masks.
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-static", "qwen35", "qwen35-static"])
+def test_the_tree_block_mask_gives_the_same_greedy_tokens(tiny_models, family):
+    model = tiny_models[family.removesuffix("-static")]
+    prompt = _prompt(7, seed=7)
+    expected = _greedy_reference(model, prompt)
+    if family == "qwen35-static":
+        target = StaticHybridTarget(model, max_length=512, cuda_graphs=False, width_step=16)
+    elif family == "qwen3-static":
+        target = StaticTarget(model, max_length=512, cuda_graphs=False, width_step=16)
+    else:
+        target = target_for(model)
+    for name, drafter, tree in _strategies(model, target):
+        engine = SpeculativeEngine(target, drafter, tree, TreeMaskCompiler(), GreedyVerifier())
+        assert engine.generate(prompt, max_new_tokens=NEW_TOKENS).tokens == expected, f"{family} {name}"
 
 
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)

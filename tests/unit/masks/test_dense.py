@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree.masks import DenseMaskCompiler
+from ddtree.masks import DenseMaskCompiler, TreeMaskCompiler, additive_tree_mask
 from ddtree.types import Tree
 
 NEG = torch.finfo(torch.float32).min
@@ -75,3 +75,17 @@ def test_incremental_writes_equal_a_fresh_mask(steps):
         got = compiler.compile(tree, past_length=past).attention_mask.clone()
         want = DenseMaskCompiler().compile(tree, past_length=past).attention_mask
         assert torch.equal(got, want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 12), past=st.integers(0, 20), seed=st.integers(0, 10**6))
+def test_the_tree_block_expands_to_the_dense_mask(n, past, seed):
+    gen = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    tree = _tree(list(range(n)), parents)
+    block = TreeMaskCompiler().compile(tree, past_length=past)
+    dense = DenseMaskCompiler().compile(tree, past_length=past)
+    assert block.attention_mask.shape == (n, n) and block.attention_mask.dtype == torch.bool
+    assert torch.equal(additive_tree_mask(block.attention_mask, past, torch.float32), dense.attention_mask)
+    assert torch.equal(block.position_ids, dense.position_ids) and torch.equal(block.input_ids, dense.input_ids)
+    assert additive_tree_mask(dense.attention_mask, past, torch.float32) is dense.attention_mask  # dense: as is
