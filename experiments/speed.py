@@ -314,6 +314,8 @@ def main(cfg: DictConfig) -> None:
     table = _table(rows, tau, ar)
     print(f"\nfirst divergence from {cfg.paths[0]} AR greedy per prompt, {cfg.check_tokens} tokens, with the eager "
           f"top-1/top-2 logit gap there (None = identical; near-tie: gap < {cfg.near_tie_gap}): {json.dumps(checks)}")
+    if is_hybrid(model):  # what ran, after the first verify compiled it (or fell back)
+        print(f"hybrid fast path kernels: {fast.kernels()}", flush=True)
     print(f"\n{name}, prompts {list(cfg.prompt_lengths)}, {cfg.rounds} rounds, bf16, attention {cfg.attention}, "
           f"{torch.cuda.get_device_name()}; read floor (weights + K/V of the prompt at {READ_BANDWIDTH / 1e12:.1f} TB/s) "
           + ", ".join(f"{k}: {v:.2f} ms" for k, v in floors.items()) + "; peak MiB: above the memory held before the run; "

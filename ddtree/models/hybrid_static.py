@@ -146,7 +146,9 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             "prefill": "flash-linear-attention" if fla else "torch fallback (install the gdn extra for its kernels)",
             "verify": ("torch.compile'd tree conv, Triton tree delta rule" if self.triton
                        else "torch.compile'd tree conv and delta rule" if self.fuse
-                       else "torch tree conv and delta rule") + (", CUDA graphs" if self.cuda_graphs else ""),
+                       else "torch tree conv and delta rule") + (", CUDA graphs" if self.cuda_graphs else "")
+            + (" (to be compiled at the first verify: a failure there falls back, with a warning)"
+               if self.fuse and not self._probed else ""),
         }
 
     def set_taps(self, layers: Sequence[int]) -> None:
