@@ -26,10 +26,10 @@ from ddtree.models import fused, gdn_tree_triton
 from ddtree.models.gdn_tree import (
     DeltaTreeResult,
     TreeTables,
-    l2norm,
     commit_conv_window,
     commit_delta_state,
     delta_rule_tensors,
+    l2norm,
     tree_causal_conv1d,
 )
 

@@ -1,4 +1,4 @@
-"""The tree delta rule of ``gdn_tree`` as one Triton kernel: every GDN layer of a tree verify in one launch.
+"""The tree delta rule of ``gdn_tree`` as Triton kernels: one launch per GDN layer of a tree verify.
 
 ``delta_rule_tensors`` solves, per value head, ``(I + A) U = rhs`` with A the n x n strictly
 lower-triangular ancestor system and then ``O = e^gamma Q S0 + (Q K^T * D) U``, through a batched

@@ -18,7 +18,9 @@ installed) on a dynamic cache that is then copied into the slabs, so prefill is 
 target computes.
 
 With ``fuse`` (on with graphs) the GDN mixing steps (``tree_mix``) and the Qwen3.5 norms and MLPs run as
-``torch.compile``d kernels (``ddtree.models.fused``). With CUDA graphs, one graph is kept per (n, W) as in ``StaticTarget``: its inputs (ids,
+``torch.compile``d kernels (``ddtree.models.fused``), and, where Triton runs, each layer's tree delta rule
+is one Triton kernel (``tree_mix_triton``, ``ddtree.models.gdn_tree_triton``; ``triton=False``: the
+compiled torch math). With CUDA graphs, one graph is kept per (n, W) as in ``StaticTarget``: its inputs (ids,
 positions, K/V rows, parents) are copied into its buffers and the mask rewritten in place before
 each replay, and every state slab it reads is only ever updated in place.
 """
@@ -35,12 +37,11 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from ddtree.models import fused
+from ddtree.models import fused, gdn_tree_triton
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
 from ddtree.models.gdn_tree import TreeTables, grouped_outer_sum
-from ddtree.models import gdn_tree_triton
 from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix, tree_mix_triton
 from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget, patched_forwards
 from ddtree.models.static_kv import StaticKV
