@@ -41,7 +41,7 @@ from ddtree.models import fused, gdn_tree_triton
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
-from ddtree.models.gdn_tree import TreeTables, grouped_outer_sum
+from ddtree.models.gdn_tree import TreeTables
 from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix, tree_mix_triton
 from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget, patched_forwards
 from ddtree.models.static_kv import StaticKV
@@ -310,11 +310,17 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         self._check_path(path)
         stash, past, a = self._pending, self.past_length, len(path)
         idx = torch.tensor(path, dtype=torch.long, device=self.keys.device)
-        # Recurrent state: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state).
+        # Recurrent state, in place: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state),
+        # the sum one batched rank-a GEMM accumulated into the slab: no [G, H, dk, dv] temporary.
+        g, h, dk, dv = self.recurrent.shape
         gamma = stash.log_decay.index_select(1, idx)  # [G, a, H]
-        weights = (gamma[:, -1:] - gamma).exp()
-        written = grouped_outer_sum(weights, stash.keys.index_select(1, idx), stash.updates.index_select(1, idx))
-        self.recurrent.mul_(gamma[:, -1].exp()[:, :, None, None]).add_(written)
+        keys = stash.keys.index_select(1, idx)  # [G, a, Hk, dk]
+        hk = keys.shape[2]
+        weighted = (gamma[:, -1:] - gamma).exp().view(g, a, hk, h // hk, 1) * keys[:, :, :, None]  # [G, a, Hk, r, dk]
+        weighted = weighted.reshape(g, a, h, dk).permute(0, 2, 3, 1).reshape(g * h, dk, a)
+        updates = stash.updates.index_select(1, idx).permute(0, 2, 1, 3).reshape(g * h, a, dv)
+        state = self.recurrent.view(g * h, dk, dv)
+        state.mul_(gamma[:, -1].exp().reshape(g * h, 1, 1)).baddbmm_(weighted, updates)
         # Conv windows: the last K columns of window + path inputs.
         fed = stash.conv_inputs.index_select(1, idx).transpose(1, 2)  # [G, C, a]
         self.conv.copy_(torch.cat([self.conv, fed], dim=2)[:, :, -self.kernel_size:])
