@@ -68,8 +68,6 @@ def block_size_for(model: DFlashDraftModel, block_size: int | None) -> int:
 
 
 class DFlashDrafter:
-    absorb_chunk = 4096  # context rows projected into the drafter cache at a time (a prompt's, in chunks)
-
     """Drafts ``block_size - 1`` per-depth marginals from one forward of the block.
 
     ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
@@ -78,6 +76,8 @@ class DFlashDrafter:
 
     >>> drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(path), target)   # doctest: +SKIP
     """
+
+    absorb_chunk = 4096  # context rows projected into the drafter cache at a time (a prompt's, in chunks)
 
     def __init__(self, model: DFlashDraftModel, target: Target, block_size: int | None = None,
                  max_length: int | None = None, cuda_graphs: bool | str = False, attention: str = "auto",

@@ -186,25 +186,31 @@ def delta_rule_tensors(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``solve_tree_delta_rule`` as a tuple of tensors (out, keys, updates, log_decay, initial_state),
     for callers that compile it; ``parents`` may be None when ``anc`` is given."""
+    dk = k.shape[-1]
+    dtype = torch.promote_types(v.dtype, torch.float32)
+    anc = ancestor_matrix(parents) if anc is None else anc  # [n, n]
+    return delta_rule_solve(l2norm(q.to(dtype)) * dk**-0.5, l2norm(k.to(dtype)), v.to(dtype),
+                            anc.to(dtype) @ g.to(dtype), beta.to(dtype), initial_state, anc)
+
+
+def delta_rule_solve(q: Tensor, k: Tensor, v: Tensor, gamma: Tensor, beta: Tensor, initial_state: Tensor | None,
+                     anc: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The torch solve of ``delta_rule_tensors`` from its prepared inputs, all in the compute dtype: q
+    (l2-normalised, scaled by dk^-1/2) and k (l2-normalised) ``[n, Hk, dk]``, v ``[n, H, dv]``, the
+    path-summed log decay gamma and beta ``[n, H]`` (what ``gdn_tree_triton.tree_delta_rule`` takes)."""
     n, num_k_heads, dk = k.shape
     num_heads = v.shape[1]
-    dtype = torch.promote_types(v.dtype, torch.float32)
-    keys = l2norm(k.to(dtype))  # [n, Hk, dk]
-    qh, kh = l2norm(q.to(dtype)) * dk**-0.5, keys
+    qh, kh = q, k
     if num_heads != num_k_heads:
         qh = qh.repeat_interleave(num_heads // num_k_heads, dim=1)
         kh = kh.repeat_interleave(num_heads // num_k_heads, dim=1)
     # Heads first for the batched solve: [H, n, d].
-    qh, kh = qh.transpose(0, 1), kh.transpose(0, 1)
-    vh = v.to(dtype).transpose(0, 1)
-    bh = beta.to(dtype).transpose(0, 1)  # [H, n]
+    qh, kh, vh = qh.transpose(0, 1), kh.transpose(0, 1), v.transpose(0, 1)
+    bh, gamma = beta.transpose(0, 1), gamma.transpose(0, 1)  # [H, n]
     if initial_state is None:
-        s0 = torch.zeros(num_heads, dk, vh.shape[-1], dtype=dtype, device=v.device)
+        s0 = torch.zeros(num_heads, dk, vh.shape[-1], dtype=v.dtype, device=v.device)
     else:
-        s0 = initial_state.to(dtype)
-
-    anc = ancestor_matrix(parents) if anc is None else anc  # [n, n]
-    gamma = (anc.to(dtype) @ g.to(dtype)).transpose(0, 1)  # [H, n]
+        s0 = initial_state.to(v.dtype)
     # Exponent only where anc is set: there gamma_i - gamma_j <= 0, elsewhere it could overflow.
     decay = (gamma[:, :, None] - gamma[:, None, :]).masked_fill(~anc, float("-inf")).exp()  # [H, n, n]
     strict = anc & ~torch.eye(n, dtype=torch.bool, device=anc.device)
@@ -214,7 +220,7 @@ def delta_rule_tensors(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     # unitriangular: the solve treats the diagonal as 1, i.e. solves (I + system) U = rhs.
     u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     out = scale * (qh @ s0) + ((qh @ kh.transpose(-1, -2)) * decay) @ u  # [H, n, dv]
-    return out.transpose(0, 1), keys, u.transpose(0, 1), gamma.transpose(0, 1), s0
+    return out.transpose(0, 1), k, u.transpose(0, 1), gamma.transpose(0, 1), s0
 
 
 def tree_gated_delta_rule(

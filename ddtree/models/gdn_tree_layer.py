@@ -28,7 +28,7 @@ from ddtree.models.gdn_tree import (
     TreeTables,
     commit_conv_window,
     commit_delta_state,
-    delta_rule_tensors,
+    delta_rule_solve,
     l2norm,
     tree_causal_conv1d,
 )
@@ -155,14 +155,9 @@ def tree_mix(
     norm: the decay g, the tree conv, then the tree delta rule. Tensors in and out only, so that
     ``torch.compile`` can fuse its elementwise work (on a 48-GDN-layer model at batch 1 the many
     tiny kernels of the eager form cost more than its arithmetic)."""
-    n, h = a.shape
-    compute = torch.promote_types(a.dtype, torch.float32)
-    g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
-    mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
-    # Sizes off the tensor, not value_dim: a compiled graph with dynamic ints need not prove they add up.
-    q, k, v = torch.split(mixed, [key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
-    return delta_rule_tensors(q.reshape(n, -1, dk), k.reshape(n, -1, dk), v.reshape(n, h, -1), g, beta, None,
-                              initial, anc)
+    q, k, v, gamma, beta = tree_mix_inputs(x, a, beta, a_log, dt_bias, window, weight, bias, taps, anc, key_dim,
+                                           value_dim, dk)
+    return delta_rule_solve(q, k, v, gamma, beta, initial, anc)
 
 
 def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
@@ -174,6 +169,7 @@ def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     compute = torch.promote_types(a.dtype, torch.float32)
     g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
     mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
+    # Sizes off the tensor, not value_dim: a compiled graph with dynamic ints need not prove they add up.
     q, k, v = torch.split(mixed.to(compute), [key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
     q = l2norm(q.reshape(n, -1, dk)) * dk**-0.5
     k = l2norm(k.reshape(n, -1, dk))

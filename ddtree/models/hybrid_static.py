@@ -265,14 +265,15 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     def _static_gdn_mode(self, tables: TreeTables, stash: GDNStash):
         """Within the block each GDN module runs the no-commit tree forward over its slab state."""
         slot = {layer: g for g, layer in enumerate(self.gdn_layers)}
-        return patched_forwards(self.gdn_modules, lambda layer, _: self._gdn_forward(slot[layer], layer, tables, stash))
+        mix = tree_mix_triton if self.triton else fused.compiled(tree_mix) if self.fuse else tree_mix
+        return patched_forwards(self.gdn_modules,
+                                lambda layer, _: self._gdn_forward(slot[layer], layer, tables, stash, mix))
 
-    def _gdn_forward(self, slot: int, layer: int, tables: TreeTables, stash: GDNStash):
+    def _gdn_forward(self, slot: int, layer: int, tables: TreeTables, stash: GDNStash, mix):
         module = self.gdn_modules[layer]
 
         def forward(hidden_states: Tensor, *args, **kwargs) -> Tensor:  # [1, n, D] -> [1, n, D]
             state = GDNState(conv_window=self.conv[slot], recurrent_state=self.recurrent[slot])
-            mix = tree_mix_triton if self.triton else fused.compiled(tree_mix) if self.fuse else tree_mix
             out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables, mix)
             stash.conv_inputs[slot].copy_(verify.conv_inputs)
             stash.keys[slot].copy_(verify.delta.keys)

@@ -51,8 +51,6 @@ from ddtree.types import TargetOutput, VerifyInputs
 log = logging.getLogger(__name__)
 
 
-
-
 @dataclass(frozen=True)
 class _VerifyGraph:
     """One captured verify of n tokens over W cache rows (or over a ``FlexLayout``), with every

@@ -11,7 +11,7 @@ import torch
 
 from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter, OracleDrafter
-from ddtree.masks import DenseMaskCompiler
+from ddtree.masks import DenseMaskCompiler, TreeMaskCompiler
 from ddtree.models import HFTarget
 from ddtree.testing import (CHECK_ALPHA, CHECK_NEW, CHECK_PROMPT, CHECK_VOCAB, chi_square_p_value,
                             continuation_distribution, sample_continuations, tiny_dflash, tiny_target)
@@ -42,15 +42,17 @@ def _strategies(model, target):
 
 
 @pytest.mark.parametrize(
-    "name, temperature",
-    [("ar", 1.0), ("dflash-random", 1.0), ("dflash-oracle", 1.0), ("ddtree-oracle", 1.0), ("ddtree-oracle", 0.6),
-     ("ddtree-oracle-beam", 1.0), ("calibrated-oracle", 1.0)],
+    "name, temperature, mask",
+    [("ar", 1.0, "dense"), ("dflash-random", 1.0, "dense"), ("dflash-oracle", 1.0, "dense"),
+     ("ddtree-oracle", 1.0, "dense"), ("ddtree-oracle", 0.6, "dense"), ("ddtree-oracle-beam", 1.0, "dense"),
+     ("calibrated-oracle", 1.0, "dense"), ("ddtree-oracle", 1.0, "tree")],
 )
-def test_first_tokens_follow_the_target_distribution(small_vocab_model, name, temperature):
+def test_first_tokens_follow_the_target_distribution(small_vocab_model, name, temperature, mask):
     model = small_vocab_model
     target = HFTarget(model)
     drafter, tree = _strategies(model, target)[name]
-    engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), SamplingVerifier(temperature))
+    masks = {"dense": DenseMaskCompiler, "tree": TreeMaskCompiler}[mask]()  # tree: the [n, n] block, expanded by the target
+    engine = SpeculativeEngine(target, drafter, tree, masks, SamplingVerifier(temperature))
     counts, accepted = sample_continuations(engine, PROMPT, NEW, SAMPLES)
     p_value = chi_square_p_value(counts, continuation_distribution(model, PROMPT, NEW, temperature), SAMPLES)
     assert p_value > ALPHA, f"{name} at T={temperature}: chi-square p = {p_value:.2e}"

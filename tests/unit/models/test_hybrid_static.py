@@ -118,3 +118,6 @@ def test_dispatch_and_refusals(model):
             StaticHybridTarget(model, cuda_graphs=True)
     with pytest.raises(ValueError, match="attention='sparse'"):
         StaticHybridTarget(model, attention="sparse")
+    with pytest.raises(ValueError, match="Triton tree delta rule needs fuse=True"):  # unfused, or off a CUDA GPU
+        StaticHybridTarget(model, cuda_graphs=False, fuse=False, triton=True)
+    assert not StaticHybridTarget(model, cuda_graphs=False).triton  # the CPU keeps the torch math
