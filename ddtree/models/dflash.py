@@ -114,14 +114,17 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Default (unscaled) RoPE tables for ``positions`` ``[T]``: each ``[T, head_dim]``."""
+    """Default (unscaled) RoPE tables for ``positions`` ``[T]`` (each ``[T, head_dim]``) or ``[B, T]``
+    (each ``[B, 1, T, head_dim]``: one table per sequence, broadcast over the heads)."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[:, None] * inv[None]
+    angles = positions.float()[..., None] * inv
     emb = torch.cat([angles, angles], dim=-1)
+    if positions.ndim == 2:
+        emb = emb[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x [1, heads, T, d]
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x [B, heads, T, d]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -140,10 +143,10 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def keys_values(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """K (normed, rotated) and V of ``x`` ``[1, T, H]``: each ``[1, n_kv, T, d]``."""
-        t = x.shape[1]
-        k = self.k_norm(self.k_proj(x).view(1, t, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        """K (normed, rotated) and V of ``x`` ``[B, T, H]``: each ``[B, n_kv, T, d]``."""
+        b, t = x.shape[:2]
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
     def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
@@ -152,26 +155,26 @@ class DFlashAttention(nn.Module):
         ``FlexLayout`` of the block over the context buffers: the block's K/V are then written into
         ``ctx_k``/``ctx_v`` at its rows (``mask.rows``, past the committed ones, overwritten by the
         next absorb) and block-sparse FlexAttention reads the buffers, no copy and no mask."""
-        t = x.shape[1]  # x [1, T, H] normed block states; ctx_k/ctx_v [1, n_kv, C, d]
-        q = self.q_norm(self.q_proj(x).view(1, t, self.n_heads, self.head_dim)).transpose(1, 2)
+        b, t = x.shape[:2]  # x [B, T, H] normed block states; ctx_k/ctx_v [B, n_kv, C, d] (B = 1 decoding)
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k_blk, v_blk = self.keys_values(x, cos, sin)
         if isinstance(mask, FlexLayout):
             ctx_k.index_copy_(2, mask.rows, k_blk)
             ctx_v.index_copy_(2, mask.rows, v_blk)
             out = attend(q, ctx_k, ctx_v, mask.block_mask)  # [1, n_heads, T, d]
-            return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         k, v = torch.cat([ctx_k, k_blk], dim=2), torch.cat([ctx_v, v_blk], dim=2)
         groups = self.n_heads // self.n_kv
         if mask is None or mask.shape[-2] == 1:
             # Every query row sees the same keys: fold the query heads of each K/V head into the
             # query length (head j * groups + i, row t -> row i * T + t) instead of copying K/V.
-            folded = q.reshape(1, self.n_kv, groups * t, self.head_dim)
-            out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask).reshape(1, self.n_heads, t, -1)
+            folded = q.reshape(b, self.n_kv, groups * t, self.head_dim)
+            out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask).reshape(b, self.n_heads, t, -1)
         else:  # row-dependent masks (training): expand K/V to every query head
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class DFlashLayer(nn.Module):
@@ -211,14 +214,17 @@ class DFlashDraftModel(nn.Module):
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     def context_kv(self, taps: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Per-layer K/V of target features ``taps`` ``[C, n_feat * H]`` at ``positions`` ``[C]``."""
-        fused = self.hidden_norm(self.fc(taps))[None]  # [1, C, H]
+        """Per-layer K/V of target features ``taps`` ``[C, n_feat * H]`` at ``positions`` ``[C]``, or of
+        a batch of sequences' ``[B, S, n_feat * H]`` (positions ``[S]`` or ``[B, S]``)."""
+        fused = self.hidden_norm(self.fc(taps))
+        fused = fused[None] if fused.ndim == 2 else fused  # [B, C, H]
         cos, sin = self.rope(positions, fused.dtype)
         return [layer.self_attn.keys_values(fused, cos, sin) for layer in self.layers]
 
     def forward(self, block: Tensor, positions: Tensor, context: list[tuple[Tensor, Tensor]],
                 mask: Tensor | FlexLayout | None = None) -> Tensor:
-        """Block embeddings ``[1, T, H]`` at ``positions`` ``[T]`` -> normed states ``[1, T, H]``."""
+        """Block embeddings ``[B, T, H]`` at ``positions`` ``[T]`` or ``[B, T]`` -> normed states ``[B, T, H]``
+        (B = 1 when decoding; training runs a batch of sequences, each over its own context)."""
         cos, sin = self.rope(positions, block.dtype)
         x = block
         for layer, (ctx_k, ctx_v) in zip(self.layers, context):

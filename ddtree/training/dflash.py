@@ -3,12 +3,17 @@
 For each sequence, random anchor positions are drawn among its response tokens. The block of an
 anchor a is ``[x_a, m, ..., m]`` at positions a..a+bs-1 (m the mask token, embedded by the
 target's own embedding); block position k predicts x_{a+k}, with no shift, exactly as drafting
-does. Every block of every sequence in a step is concatenated into one drafter forward:
+does. The blocks of a sequence are concatenated into one drafter forward, batched over the
+sequences of a step:
 
-    queries: all blocks, T = B * A * bs rows
-    keys:    the target features of all B sequences (C = B * S rows), then the T block rows
-    row (b, a, k) sees  feature (b', s)  iff  b' == b and s < a    (the context before the anchor)
-                        block row (b', a', k')  iff  (b', a') == (b, a)   (bidirectional in-block)
+    queries: sequence b's blocks, A * bs rows
+    keys:    sequence b's target features (S rows), then its A * bs block rows
+    row (a, k) sees  feature s  iff  s < a    (the context before the anchor)
+                     block row (a', k')  iff  a' == a   (bidirectional in-block)
+
+A sequence's rows never see another sequence: each attends over its own batch entry. The target's
+features of the whole data set are computed once before training when they fit
+(``DFlashTrainConfig.feature_cache_gib``), so a step runs the drafter alone.
 
 Loss: cross-entropy at k = 1..bs-1 weighted by w_k = exp(-(k-1)/gamma), a weighted mean
 normalised by the weight sum. Only the drafter's own parameters train (fc, hidden_norm, layers,
@@ -20,7 +25,9 @@ norm); the target, its embedding and its LM head are frozen.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -112,13 +119,13 @@ def sample_anchors(loss_mask: Tensor, count: int, generator: torch.Generator) ->
 
 @dataclass(frozen=True)
 class Blocks:
-    """All blocks of a step laid out for one drafter forward (T = B * A * bs rows)."""
+    """All blocks of a step laid out for one drafter forward: B sequences of R = A * bs rows (T = B * R)."""
 
-    ids: Tensor  # [T] anchor token then mask tokens
-    positions: Tensor  # [T] absolute positions a..a+bs-1
-    labels: Tensor  # [T] x_{a+k} (clamped inside the sequence where there is none)
+    ids: Tensor  # [B, R] anchor token then mask tokens
+    positions: Tensor  # [B, R] absolute positions a..a+bs-1
+    labels: Tensor  # [T] x_{a+k} (clamped inside the sequence where there is none), sequence-major
     weights: Tensor  # [T] loss weight, 0 where there is no loss
-    mask: Tensor  # [T, C + T] bool, True where a block row may attend
+    mask: Tensor  # [B, R, S + R] bool, True where a block row may attend (its sequence's features, then its rows)
 
 
 def layout_blocks(data: SequenceSet, anchors: Tensor, real: Tensor, block_size: int, mask_token_id: int,
@@ -137,29 +144,32 @@ def layout_blocks(data: SequenceSet, anchors: Tensor, real: Tensor, block_size: 
     block_ids = torch.full_like(labels, mask_token_id)
     block_ids[..., 0] = labels[..., 0]  # the anchor itself is clean
 
-    row_seq = torch.arange(b, device=device).repeat_interleave(a * block_size)  # [T]
-    row_anchor = anchors.repeat_interleave(block_size, dim=1).reshape(-1)  # [T]
-    row_block = torch.arange(b * a, device=device).repeat_interleave(block_size)  # [T]
-    ctx_seq = torch.arange(b, device=device).repeat_interleave(s)  # [C]
-    ctx_pos = torch.arange(s, device=device).repeat(b)  # [C]
-    sees_ctx = (row_seq[:, None] == ctx_seq[None]) & (ctx_pos[None] < row_anchor[:, None])  # [T, C]
-    sees_block = row_block[:, None] == row_block[None]  # [T, T]
-    return Blocks(block_ids.reshape(-1), pos.reshape(-1), labels.reshape(-1), weights.reshape(-1),
-                  torch.cat([sees_ctx, sees_block], dim=1))
+    r = a * block_size
+    row_anchor = anchors.repeat_interleave(block_size, dim=1)  # [B, R]
+    sees_ctx = torch.arange(s, device=device)[None, None] < row_anchor[..., None]  # [B, R, S]
+    row_block = torch.arange(a, device=device).repeat_interleave(block_size)  # [R]
+    sees_block = (row_block[:, None] == row_block[None]).expand(b, r, r)  # [B, R, R]
+    return Blocks(block_ids.view(b, r), pos.view(b, r), labels.reshape(-1), weights.reshape(-1),
+                  torch.cat([sees_ctx, sees_block], dim=2))
 
 
-def dflash_forward(drafter: DFlashDraftModel, target_model, data: SequenceSet, blocks: Blocks) -> Tensor:
-    """Drafter logits ``[T, vocab]`` for every block row (the target's features as context)."""
+def dflash_forward(drafter: DFlashDraftModel, target_model, data: SequenceSet, blocks: Blocks,
+                   features: Tensor | None = None) -> Tensor:
+    """Drafter logits ``[T, vocab]`` for every block row (the target's features as context).
+
+    ``features`` ``[B, S, F]``: the target's taps of ``data`` when computed beforehand (the
+    feature cache); None runs the frozen target here.
+    """
     cfg = drafter.config
     b, s = data.ids.shape
     dtype = next(drafter.parameters()).dtype
-    feats = target_features(target_model, data.ids, cfg.target_layer_ids).to(dtype)  # [B, S, F]
-    ctx_positions = torch.arange(s, device=data.ids.device).repeat(b)  # [C]
-    context = drafter.context_kv(feats.reshape(b * s, -1), ctx_positions)
+    if features is None:
+        features = target_features(target_model, data.ids, cfg.target_layer_ids)
+    context = drafter.context_kv(features.to(dtype), torch.arange(s, device=data.ids.device))  # [B, n_kv, S, d]
     with torch.no_grad():
-        embeds = target_model.get_input_embeddings()(blocks.ids)[None].to(dtype)  # [1, T, H]
-    hidden = drafter(embeds, blocks.positions, context, mask=blocks.mask[None, None])[0]  # [T, H]
-    return target_model.get_output_embeddings()(hidden)  # [T, vocab]
+        embeds = target_model.get_input_embeddings()(blocks.ids).to(dtype)  # [B, R, H]
+    hidden = drafter(embeds, blocks.positions, context, mask=blocks.mask[:, None])  # [B, R, H]
+    return target_model.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1]))  # [T, vocab]
 
 
 def weighted_loss(logits: Tensor, blocks: Blocks) -> Tensor:
@@ -186,11 +196,37 @@ class DFlashTrainConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=6e-4, weight_decay=0.0))
     seed: int = 0
     log_every: int = 100
+    feature_cache_gib: float = 0.0  # keep the target's features of the whole data set on the device when
+    # they fit in this many GiB (computed once, before the clock starts eating the budget); 0: per step
+
+
+@torch.no_grad()
+def feature_cache(target_model, data: SequenceSet, layers: tuple[int, ...], max_gib: float,
+                  batch_size: int = 64) -> Tensor | None:
+    """The taps ``layers`` of every sequence of ``data`` ``[N, S, F]`` (on ``data``'s device, in the
+    dtype a training step computes them in), or None when they would take more than ``max_gib``."""
+    if max_gib <= 0:
+        return None
+    n, s = data.ids.shape
+    device = data.ids.device
+    with autocast(device):
+        first = target_features(target_model, data.ids[:1], layers)
+    if n * first[0].numel() * first.element_size() > max_gib * 2**30:
+        return None
+    cache = torch.empty((n, s, first.shape[-1]), dtype=first.dtype, device=device)
+    for i in range(0, n, batch_size):
+        with autocast(device):
+            cache[i : i + batch_size] = target_features(target_model, data.ids[i : i + batch_size], layers)
+    return cache
 
 
 def train_dflash(drafter: DFlashDraftModel, target_model, data: SequenceSet, cfg: DFlashTrainConfig,
                  budget: Budget, log: Callable[[str], None] | None = print) -> TrainResult:
-    """Train ``drafter`` in place on ``data`` (on the drafter's device); the target stays frozen."""
+    """Train ``drafter`` in place on ``data`` (on the drafter's device); the target stays frozen.
+
+    With ``cfg.feature_cache_gib`` the target's features are computed once first; that time comes
+    out of ``budget.max_seconds``, so the whole call still ends on time.
+    """
     freeze(target_model)
     device = next(drafter.parameters()).device
     data = data.to(device)
@@ -198,23 +234,37 @@ def train_dflash(drafter: DFlashDraftModel, target_model, data: SequenceSet, cfg
     gamma = cfg.gamma or GAMMA.get(block_size, block_size / 2)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     order: list[Tensor] = []
-    tau = {"last": torch.zeros(())}
+    tau = {"sum": torch.zeros((), device=device), "count": 0}
+    begin = time.perf_counter()
+    cache = feature_cache(target_model, data, drafter.config.target_layer_ids, cfg.feature_cache_gib)
+    if cache is not None:
+        spent = time.perf_counter() - begin
+        if math.isfinite(budget.max_seconds):
+            budget = dataclasses.replace(budget, max_seconds=max(budget.max_seconds - spent, 1.0))
+        if log:
+            log(f"  target features of {len(data)} sequences cached ({cache.numel() * cache.element_size() / 2**30:.2f} GiB,"
+                f" {spent:.1f}s)")
     drafter.train()
 
     def loss_fn(step: int) -> Tensor:
         if not order:  # a new epoch: a fresh permutation of the sequences
             order.extend(torch.randperm(len(data), generator=generator, device=device).split(cfg.batch_size))
-        batch = data.batch(order.pop(0))
+        index = order.pop(0)
+        batch = data.batch(index)
         anchors, real = sample_anchors(batch.loss_mask, cfg.anchors, generator)
         blocks = layout_blocks(batch, anchors, real, block_size, drafter.config.mask_token_id, gamma)
         with autocast(device):
-            logits = dflash_forward(drafter, target_model, batch, blocks)
-        tau["last"] = chain_acceptance(logits, blocks, block_size)
+            logits = dflash_forward(drafter, target_model, batch, blocks, None if cache is None else cache[index])
+        tau["sum"] += chain_acceptance(logits, blocks, block_size)
+        tau["count"] += 1
         return weighted_loss(logits, blocks)
 
     def report(step: int, loss: float) -> None:
         if log:
-            log(f"  step {step:6d}  block tau (T=0, teacher-forced) {float(tau['last']):.2f}")
+            mean = float(tau["sum"]) / max(tau["count"], 1)
+            log(f"  step {step:6d}  block tau (T=0, teacher-forced, mean of {tau['count']} steps) {mean:.2f}")
+        tau["sum"].zero_()
+        tau["count"] = 0
 
     result = train_loop(drafter.parameters(), loss_fn, budget, cfg.optim, cfg.log_every, log, report)
     drafter.eval()

@@ -11,6 +11,7 @@ from ddtree.testing import tiny_target
 from ddtree.training.dflash import (
     DFlashTrainConfig,
     dflash_forward,
+    feature_cache,
     layout_blocks,
     loss_weights,
     new_dflash,
@@ -49,28 +50,30 @@ def test_layout_mask_labels_and_weights_literal():
     mask = torch.tensor([[False, False, True, True, True, True]])
     blocks = layout_blocks(SequenceSet(ids, mask), torch.tensor([[2, 4]]), torch.tensor([[True, True]]),
                            block_size=3, mask_token_id=99, gamma=1.0)
-    assert blocks.ids.tolist() == [12, 99, 99, 14, 99, 99]
-    assert blocks.positions.tolist() == [2, 3, 4, 4, 5, 6]
+    assert blocks.ids.tolist() == [[12, 99, 99, 14, 99, 99]]
+    assert blocks.positions.tolist() == [[2, 3, 4, 4, 5, 6]]
     assert blocks.labels.tolist() == [12, 13, 14, 14, 15, 15]  # the last label is past the end: weight 0
     assert [round(w, 3) for w in blocks.weights.tolist()] == [0.0, 1.0, 0.368, 0.0, 1.0, 0.0]
-    # Columns: 6 context features, then the 6 block rows. Context strictly before the anchor.
-    assert blocks.mask.int().tolist() == [
+    # Columns: the sequence's 6 context features, then its 6 block rows. Context strictly before the anchor.
+    assert blocks.mask.int().tolist() == [[
         [1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0],
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1],
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1],
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1],
-    ]
+    ]]
 
 
-def test_two_sequences_never_see_each_other():
+def test_each_sequence_attends_over_its_own_batch_entry():
     ids = torch.arange(16).view(2, 8)
     blocks = layout_blocks(SequenceSet(ids, torch.ones(2, 8, dtype=torch.bool)), torch.tensor([[3], [5]]),
                            torch.ones(2, 1, dtype=torch.bool), block_size=2, mask_token_id=0, gamma=1.0)
-    ctx = blocks.mask[:, :16]
-    assert ctx[:2, :3].all() and not ctx[:2, 3:].any()  # sequence 0, anchor 3: its features 0..2
-    assert not ctx[2:, :8].any() and ctx[2:, 8:13].all() and not ctx[2:, 13:].any()
+    assert blocks.mask.shape == (2, 2, 8 + 2) and blocks.ids.tolist() == [[3, 0], [13, 0]]
+    ctx = blocks.mask[..., :8]
+    assert ctx[0, :, :3].all() and not ctx[0, :, 3:].any()  # sequence 0, anchor 3: its features 0..2
+    assert ctx[1, :, :5].all() and not ctx[1, :, 5:].any()  # sequence 1, anchor 5: its features 0..4
+    assert blocks.labels.tolist() == [3, 4, 13, 14]
 
 
 def test_training_forward_equals_drafting_for_every_block(model):
@@ -104,6 +107,20 @@ def test_loss_falls_and_only_drafter_weights_move(model):
     first, last = sum(result.losses[:2]) / 2, sum(result.losses[-2:]) / 2
     assert last < 0.8 * first
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_feature_cache_trains_exactly_as_features_per_step(model):
+    """Caching the target's features up front changes nothing but the time a step takes."""
+    prompts = torch.randint(0, 90, (8, 6), generator=torch.Generator().manual_seed(1))
+    data = SequenceSet.from_tokens(model.generate(prompts, max_new_tokens=18, do_sample=False, pad_token_id=0), 6)
+    losses = []
+    for gib in (0.0, 1.0):
+        drafter = new_dflash(model, mask_token_id=95, block_size=4, num_layers=1, num_taps=2, seed=2)
+        cfg = DFlashTrainConfig(batch_size=4, anchors=3, log_every=1, feature_cache_gib=gib, optim=OptimConfig(lr=3e-3))
+        losses.append(train_dflash(drafter, model, data, cfg, Budget(max_steps=6), log=None).losses)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    assert feature_cache(model, data, (1,), max_gib=1e-9) is None  # too big for the cap: per step
+    assert feature_cache(model, data, (1,), max_gib=0.0) is None
 
 
 def test_bf16_autocast_path_runs(model):
