@@ -66,11 +66,14 @@ def read_gdn_state(cache, layer_idx: int, kernel_size: int) -> GDNState | None:
     return GDNState(conv_window=window, recurrent_state=layer.recurrent_states[0][0])
 
 
-def write_gdn_state(cache, layer_idx: int, state: GDNState) -> None:
-    """Store ``state`` as the committed state of GDN layer ``layer_idx`` (batch size 1).
+def write_gdn_state(cache, layer_idx: int, state: GDNState, tokens: int = 0) -> None:
+    """Store ``state`` as the committed state of GDN layer ``layer_idx`` (batch size 1), ``tokens``
+    more tokens than before.
 
     Copies in place where the shapes allow, which keeps the static addresses transformers marks
-    for CUDA graphs; the recurrent buffer stays float32 whatever ``state`` holds.
+    for CUDA graphs; the recurrent buffer stays float32 whatever ``state`` holds. Where the layer
+    counts its tokens (``cumulative_length_linear``, transformers >= 5.25, which then reads the
+    cache's length, and so the next positions, from it) the count grows by ``tokens``.
     """
     layer = cache.layers[layer_idx]
     window = state.conv_window[None]  # [1, C, K]
@@ -86,6 +89,8 @@ def write_gdn_state(cache, layer_idx: int, state: GDNState) -> None:
         layer.conv_states[0] = window.to(conv.dtype).clone()
     layer.recurrent_states[0].copy_(recurrent)
     layer.has_previous_state[0] = True
+    if tokens and hasattr(layer, "cumulative_length_linear"):
+        layer.cumulative_length_linear.add_(tokens)
 
 
 def gdn_tree_forward(

@@ -131,7 +131,7 @@ class HybridTarget(HFTarget):
             device = verify.conv_inputs.device
             if device not in on_device:
                 on_device[device] = torch.tensor(path, dtype=torch.long, device=device)
-            write_gdn_state(self.cache, i, commit_gdn_path(verify, on_device[device]))
+            write_gdn_state(self.cache, i, commit_gdn_path(verify, on_device[device]), tokens=len(path))
         self._pending = None
         super().commit(path)
 

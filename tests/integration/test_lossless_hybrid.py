@@ -49,22 +49,17 @@ def _oracle(model):
 
 
 class CropRollbackTarget(HybridTarget):
-    """The naive rollback this library must never regress to: a plain forward over the chain
-    (which commits every drafted token into the GDN state), then ``DynamicCache.crop``."""
-
-    def prefill(self, input_ids):
-        out = super().prefill(input_ids)
-        self.cache.activate_past_recording()  # otherwise crop refuses the conv windows
-        return out
+    """The naive rollback this library must never regress to: a plain forward over the chain (which
+    commits every drafted token into the GDN layers), then the rejected tokens' K/V rows dropped, as
+    a cache ``crop`` does. The GDN layers keep the rejected tokens: transformers' own ``crop`` rolls
+    back their conv windows (and, from 5.25, recurrent states only where a history was recorded)."""
 
     def forward_tree(self, inputs):
-        self._fed = inputs.input_ids.shape[1]
         return HFTarget.forward_tree(self, inputs)
 
     def commit(self, path):
-        assert list(path) == list(range(len(path))), "crop can only keep a chain's prefix"
-        self.cache.crop(-(self._fed - len(path)))  # no error raised: K/V and conv roll back, S does not
-        self.past_length += len(path)
+        assert list(path) == list(range(len(path))), "a crop can only keep a chain's prefix"
+        HFTarget.commit(self, path)  # the attention layers' rows; the GDN states stay as the forward left them
 
 
 def test_crop_rollback_changes_the_output(model):
