@@ -84,6 +84,9 @@ class _VerifyGraph:
     logits: Tensor
     taps: Tensor | None
     stash: GDNStash
+    path: Tensor  # [n] the accepted nodes (the first a of them), for the commit graphs
+    past: Tensor  # [] P, for the commit graphs
+    commits: dict[int, torch.cuda.CUDAGraph]  # a -> the recorded commit of a nodes from this graph's stash
 
 
 class StaticHybridTarget(FlexChoice, HybridTarget):
@@ -137,6 +140,8 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
                                      dtype=self.compute_dtype, device=device)
         self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
         self._stash: GDNStash | None = None
+        self._pending_graph: _VerifyGraph | None = None  # the graph whose stash the pending commit reads
+        self._commit_pool = None  # the memory pool every commit graph shares
         log.info("StaticHybridTarget kernels: %s", self.kernels())
 
     def kernels(self) -> dict[str, str]:
@@ -197,6 +202,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             mask.visible.copy_(self._visibility(inputs), non_blocking=True)
         else:
             mask = self.masks.verify(n, inputs.attention_mask, past)
+        rec = None
         if not self.cuda_graphs:
             out, stash = self._verify(inputs.input_ids.to(device), inputs.position_ids.to(device), rows,
                                       inputs.parents.to(device), mask)
@@ -214,6 +220,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             rec.graph.replay()
             out, stash = TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps), rec.stash
         self._pending, self._pending_parents = stash, inputs.parents.tolist()
+        self._pending_graph = rec
         return out
 
     def _verify(self, ids: Tensor, positions: Tensor, rows: Tensor, parents: Tensor,
@@ -300,17 +307,46 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out, stash = self._verify(ids, positions, rows, parents, mask)
-        return _VerifyGraph(graph, ids, positions, rows, parents, mask, out.logits, out.taps, stash)
+        return _VerifyGraph(graph, ids, positions, rows, parents, mask, out.logits, out.taps, stash,
+                            torch.zeros(n, dtype=torch.long, device=device), torch.zeros((), dtype=torch.long, device=device), {})
 
     # -- commit -------------------------------------------------------------------------------
     def commit(self, path: Sequence[int]) -> None:
-        """Keep the accepted root path: every GDN slab from the stash at once, K/V rows by index."""
+        """Keep the accepted root path: every GDN slab from the stash at once, K/V rows by index.
+
+        With CUDA graphs the commit of a accepted nodes is itself a graph, one per (verify graph, a):
+        the first such commit runs eagerly and is then recorded (recording runs nothing), later ones
+        copy the path and P into its buffers and replay it.
+        """
         if self._pending is None:
             raise RuntimeError("commit without a pending forward_tree: nothing to commit")
         path = [int(node) for node in path]
         self._check_path(path)
         stash, past, a = self._pending, self.past_length, len(path)
-        idx = torch.tensor(path, dtype=torch.long, device=self.keys.device)
+        rec = self._pending_graph
+        if rec is None:
+            self._commit(stash, torch.tensor(path, dtype=torch.long, device=self.keys.device),
+                         past if path != list(range(a)) else None)
+        else:
+            rec.path[:a].copy_(torch.tensor(path, dtype=torch.long), non_blocking=True)
+            rec.past.fill_(past)
+            graph = rec.commits.get(a)
+            if graph is None:
+                self._commit(stash, rec.path[:a], rec.past)
+                graph = rec.commits[a] = torch.cuda.CUDAGraph()
+                if self._commit_pool is None:
+                    self._commit_pool = torch.cuda.graph_pool_handle()
+                with torch.cuda.graph(graph, pool=self._commit_pool):  # one pool: a commit's temporaries die with it
+                    self._commit(stash, rec.path[:a], rec.past)
+            else:
+                graph.replay()
+        self._pending = self._pending_graph = None
+        self.past_length = self.kv.length = past + a
+
+    def _commit(self, stash: GDNStash, idx: Tensor, past: Tensor | int | None) -> None:
+        """The commit's device work for the accepted nodes ``idx`` ``[a]``; the K/V rows move from
+        ``past + idx`` to ``past + 0..a-1`` (``past`` None: a pure prefix, already in place)."""
+        a = idx.shape[0]
         # Recurrent state, in place: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state),
         # the sum one batched rank-a GEMM accumulated into the slab: no [G, H, dk, dv] temporary.
         g, h, dk, dv = self.recurrent.shape
@@ -325,9 +361,8 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         # Conv windows: the last K columns of window + path inputs.
         fed = stash.conv_inputs.index_select(1, idx).transpose(1, 2)  # [G, C, a]
         self.conv.copy_(torch.cat([self.conv, fed], dim=2)[:, :, -self.kernel_size:])
-        if path != list(range(a)):  # a pure prefix is already in place
+        if past is not None:
             src = past + idx
-            self.keys[:, :, past : past + a] = self.keys.index_select(2, src)
-            self.values[:, :, past : past + a] = self.values.index_select(2, src)
-        self._pending = None
-        self.past_length = self.kv.length = past + a
+            dst = past + torch.arange(a, device=idx.device)
+            self.keys.index_copy_(2, dst, self.keys.index_select(2, src))
+            self.values.index_copy_(2, dst, self.values.index_select(2, src))
