@@ -121,3 +121,17 @@ def test_verify_bench_runs_on_cpu(tmp_path):
     assert all(row["hybrid_verify_ms"] > 0 and row["hf_forward_ms"] > 0 for row in report["timings"])
     assert report["greedy_check"]["tokens"] == 8 and report["greedy_check"]["equal"]  # fp32: exact
     assert "| nodes |" in run.stdout
+
+
+def test_profile_runs_on_cpu(tmp_path):
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(REPO / "experiments" / "hybrid_profile.py"), "--tiny", "--device", "cpu",
+           "--prompt", "16", "--sizes", "1", "9", "--reps", "1", "--top", "3", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert list(report["sizes"]) == ["1", "9"] and report["device"] == "cpu"
+    for row in report["sizes"].values():
+        assert row["graphed_verify_ms"] > 0 and row["eager_commit_ms"] > 0 and len(row["top"]) == 3
+        assert abs(sum(row["by_kind_ms"].values()) - row["profiled_ms"]) < 1e-6

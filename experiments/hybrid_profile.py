@@ -1,0 +1,165 @@
+"""Where a hybrid fast-path round spends its GPU time (Qwen3.6-27B geometry, random weights, one GPU).
+
+    python experiments/hybrid_profile.py --out hybrid_profile.json          # one H200, ~2 min
+    python experiments/hybrid_profile.py --layers 8 --sizes 1 65            # a shrunk stack
+    python experiments/hybrid_profile.py --tiny --device cpu --reps 2       # a smoke run on a CPU
+
+After a prefill, for trees of each size (random best-first trees; 1 is an AR step) it times with
+CUDA events the graphed ``StaticHybridTarget`` verify and its commit apart (median of --reps), then
+profiles one verify of the same tree without graphs (the same fused kernels, launched one by one)
+with ``torch.profiler`` and sums its kernels' GPU time by kind: GEMMs, the Triton tree delta rule,
+other compiled (Triton) kernels, attention, copies, the rest. Graph replays hide their kernels
+from the profiler, hence the second, eager run; its kernel times are the graph's, its launch gaps
+are not. Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ddtree.masks import DenseMaskCompiler
+from ddtree.models.geometry import random_hybrid
+from ddtree.models.hybrid_static import StaticHybridTarget
+from ddtree.trees import BestFirstTreeBuilder
+from ddtree.types import Draft
+
+# Kernel name -> kind, first match wins (names as CUDA, cuBLAS, Triton and Inductor give them).
+KINDS = (
+    ("tree delta rule (Triton)", ("tree_delta",)),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "sm90_xmma", "sm80_xmma", "cublas", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "flex")),
+    ("compiled (Inductor/Triton)", ("triton_",)),
+    ("copy / index", ("copy", "index", "gather", "scatter", "cat")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--geometry", default="qwen3.6-27b")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the geometry's)")
+    p.add_argument("--tiny", action="store_true", help="a tiny stack of the same layout (smoke runs)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 65, 257], help="tree sizes, root included")
+    p.add_argument("--depth", type=int, default=16)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--top", type=int, default=25, help="kernels listed per size")
+    p.add_argument("--triton", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("hybrid_profile.json"))
+    return p.parse_args(argv)
+
+
+def random_tree(vocab: int, nodes: int, depth: int, gen: torch.Generator):
+    draft = Draft(torch.log_softmax(3 * torch.randn(depth, vocab, generator=gen), -1))
+    return BestFirstTreeBuilder(nodes - 1).build(draft, root_token=int(torch.randint(vocab, (1,), generator=gen)))
+
+
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> float:
+    """ms of one call of ``fn``: CUDA events around it on a GPU, the wall clock elsewhere."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    sizes = dict(TINY) if args.tiny else {}
+    if args.layers is not None:
+        sizes["num_hidden_layers"] = args.layers
+    model = random_hybrid(None if args.tiny else args.geometry, device=args.device, seed=args.seed, **sizes)
+    device = next(model.parameters()).device
+    vocab = model.config.get_text_config().vocab_size
+    triton = {"auto": None, "on": True, "off": False}[args.triton]
+    max_length = args.prompt + max(args.sizes) * (args.reps + 8) + 64
+    graphed = StaticHybridTarget(model, max_length, cuda_graphs=device.type == "cuda", triton=triton)
+    eager = StaticHybridTarget(model, max_length, cuda_graphs=False, fuse=graphed.fuse, triton=graphed.triton)
+    print(f"kernels: {graphed.kernels()}", flush=True)
+    compiler = DenseMaskCompiler().to(graphed.input_device, graphed.dtype)
+    gen = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(0, vocab - 1, (args.prompt,), generator=gen)
+    result = {"geometry": args.geometry, "layers": model.config.get_text_config().num_hidden_layers,
+              "prompt": args.prompt, "kernels": graphed.kernels(),
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "sizes": {}}
+    for n in args.sizes:
+        tree = random_tree(vocab, n, args.depth, gen)
+        path = tree.path_to(int(tree.depths.argmax()))  # the deepest path: the largest commit
+        row = {}
+        for name, target in (("graphed", graphed), ("eager", eager)):
+            target.prefill(prompt)
+            inputs = lambda: compiler.compile(tree, target.past_length)  # noqa: E731
+            verify_ms, commit_ms = [], []
+            for i in range(args.reps + 3):  # 3 warm-up rounds: compilation, capture
+                layout = inputs()
+                sync(device)
+                verify_ms.append(timed(lambda: target.forward_tree(layout), device))
+                commit_ms.append(timed(lambda: target.commit(path), device))
+            row[f"{name}_verify_ms"] = statistics.median(verify_ms[3:])
+            row[f"{name}_commit_ms"] = statistics.median(commit_ms[3:])
+        # One eager verify under the profiler: its kernels are the graph's.
+        layout = compiler.compile(tree, eager.past_length)
+        sync(device)
+        gpu = device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+            eager.forward_tree(layout)
+            sync(device)
+        eager.commit(path)
+        kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
+        kernels = [e for e in prof.events() if e.device_type == kind and (gpu or not e.cpu_children)]
+        by_kind, by_name, count = defaultdict(float), defaultdict(float), defaultdict(int)
+        for e in kernels:
+            ms = (e.device_time if gpu else e.cpu_time) / 1e3
+            by_kind[kind_of(e.name)] += ms
+            by_name[e.name] += ms
+            count[e.name] += 1
+        row["profiled_ms"] = sum(by_kind.values())
+        row["kernels"] = len(kernels)
+        row["by_kind_ms"] = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+        top = sorted(by_name.items(), key=lambda kv: -kv[1])[: args.top]
+        row["top"] = [{"name": name[:120], "ms": ms, "calls": count[name]} for name, ms in top]
+        result["sizes"][n] = row
+        print(f"\n== {n} nodes: graphed verify {row['graphed_verify_ms']:.2f} ms + commit {row['graphed_commit_ms']:.2f}; "
+              f"eager verify {row['eager_verify_ms']:.2f} + commit {row['eager_commit_ms']:.2f}; "
+              f"profiled kernels {row['kernels']}, {row['profiled_ms']:.2f} ms of device time", flush=True)
+        for kind, ms in row["by_kind_ms"].items():
+            print(f"  {kind:<28} {ms:8.2f} ms")
+        for t in row["top"]:
+            print(f"    {t['ms']:8.3f} ms {t['calls']:5d}x  {t['name']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"\nwritten {args.out}")
+
+
+if __name__ == "__main__":
+    main()
