@@ -6,6 +6,7 @@
         check_tokens=0                                          # long context: one table, every length
     python experiments/speed.py target_path=assets/pair/target drafter_path=assets/pair/dflash \
         prompts=assets/pair/heldout_prompts.jsonl check_tokens=128   # trained weights: the bf16 check
+    python experiments/speed.py target_path=... drafter_path=... prompts=... check_tokens=128 rounds=0  # the check alone
 
 Strategies are presets of configs/experiment/ (``strategies``; a tree preset runs once per budget
 of ``budgets``), composed as experiments/run.py composes them; AR is the engine with the null
@@ -289,7 +290,7 @@ def main(cfg: DictConfig) -> None:
         prefill_ms[length] = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt) for path in cfg.paths}
         print(f"prefill of {prompt.numel()} tokens, ms: {prefill_ms[length]}", flush=True)
         floors[length] = _read_floor_ms(model, length)
-        for label, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head):
+        for label, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head) if cfg.rounds > 0 else ():
             try:
                 row = {"prompt": length, "strategy": label, "path": path, "floor_ms": floors[length],
                        **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size)}
