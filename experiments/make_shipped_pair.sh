@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Build the shipped model pair on one GPU and pack it into $OUT (one H200: about 7 minutes).
 #
-#   bash experiments/make_shipped_pair.sh          # on the GPU machine; carry .corpus/ and .whl/
+#   bash experiments/make_shipped_pair.sh          # on the GPU machine; carry .corpus/stdlib.jsonl.xz, .corpus/stdlib.meta.json, .whl/
 #
 # The GPU image has no Hydra: the call carries the wheels in .whl/ (hydra-core 1.3.2, omegaconf 2.3.0,
 # antlr4-python3-runtime 4.9.3) and installs them before anything else:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #       .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && bash experiments/make_shipped_pair.sh ...
+#
+# The device tool sends the tracked files (about 61.5 MiB with both pairs) plus what is carried, 64 MiB
+# in all: carry the corpus compressed (`xz -k -9 .corpus/stdlib.jsonl`, 1.9 MB; unpacked here when
+# $CORPUS is missing and $CORPUS.xz is there) and only the three Hydra wheels.
 #
 # The stages' budgets add up to more than one 10-minute device call, so a build from scratch
 # takes two: first the target ('stages=[tokenizer,target]'), unpacked into assets/; then the
@@ -32,6 +36,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 CORPUS=${CORPUS:-.corpus/stdlib.jsonl}
 WORK=${WORK:-.pair_work}  # git-ignored; kept on a warm device machine, so a rerun resumes
 mkdir -p "$OUT" "$WORK"
+if [ ! -f "$CORPUS" ] && [ -f "$CORPUS.xz" ]; then xz -dc "$CORPUS.xz" > "$CORPUS"; fi
 
 "${PYTHON:-python3}" experiments/shipped_pair.py "corpus=$CORPUS" "work=$WORK" \
     ${PRESET:+"pipeline/preset=$PRESET"} "deadline_seconds=${DEADLINE:-570}" "$@" 2>&1 | tee "$OUT/pipeline.log"
