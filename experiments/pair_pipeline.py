@@ -27,15 +27,16 @@ from safetensors.torch import load_file, save_file
 from ddtree import presets
 from ddtree.training import corpus as corpus_lib
 from ddtree.training import pair as pair_lib
-from ddtree.training.dflash import DFlashTrainConfig, new_dflash, train_dflash
+from ddtree.training.dflash import DFlashTrainConfig, decode_tau, new_dflash, train_dflash
 from ddtree.training.lm import LMTrainConfig, TargetSpec, build_target, mean_nll, token_stream, train_target
-from ddtree.training.loop import Budget
+from ddtree.training.loop import Budget, autocast
 from ddtree.training.mtp import MTPTrainConfig, train_mtp
 from ddtree.training.sequences import SequenceSet, prompt_windows, regenerate
 from ddtree.training.tokenizer import encode_documents, load_tokenizer, train_tokenizer
 
 STAGES = ("tokenizer", "target", "regenerate", "dflash", "mtp", "evaluate")
 TEMPERATURES = (0.0, 1.0)  # the card's two columns
+HELDOUT_GREEDY = "heldout_greedy.safetensors"  # the regenerate stage's greedy held-out continuations
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class PipelineConfig:
     temperatures: tuple[float, ...]
     docstring_fraction: float
     regen_seconds: float
+    decode_tau_sequences: int
     block_size: int
     dflash_layers: int
     dflash_taps: int
@@ -236,7 +238,11 @@ def stage_regenerate(run: Run) -> dict:
         counts[str(temperature)] = counts.get(str(temperature), 0) + len(parts[-1])
     data = SequenceSet(torch.cat([p.ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
     data.save(cfg.work / "regenerated.safetensors")
-    return {"sequences": len(data), "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
+    if cfg.decode_tau_sequences > 0:  # the target's greedy text on held-out windows: decode_tau's yardstick
+        windows = prompt_windows(run.stream("heldout"), cfg.decode_tau_sequences, cfg.prompt_tokens, seed=cfg.seed)
+        regenerate(model, windows, cfg.tau_new_tokens, tok.eos_token_id, tok.pad_token_id, cfg.regen_batch,
+                   log=None).save(cfg.work / HELDOUT_GREEDY)
+    return {"sequences": len(data), "decode_tau_sequences": cfg.decode_tau_sequences, "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
             "temperatures": list(cfg.temperatures), "sequences_per_temperature": counts,
             "prompts": int(prompts.shape[0]), "docstring_prompts": docstring,
             "response_tokens": int(data.loss_mask.sum())}
@@ -276,15 +282,32 @@ def stage_dflash(run: Run) -> dict:
         if drafter.config.block_size != cfg.block_size or drafter.config.hidden_size != model.config.hidden_size:
             raise ValueError(f"{start} was made for another target or block size; it cannot be continued here")
     drafter = drafter.to(cfg.device, torch.float32)
-    seconds = run.seconds(cfg.dflash_budget.max_seconds, "mtp", "evaluate", overhead=15)
+    seconds = run.seconds(cfg.dflash_budget.max_seconds, "mtp", "evaluate", overhead=20)  # + decode tau
     budget = dataclasses.replace(cfg.dflash_budget, max_seconds=seconds)
+    heldout = SequenceSet.load(cfg.work / HELDOUT_GREEDY) if (cfg.work / HELDOUT_GREEDY).is_file() else None
+    before = held_out_decode_tau(run, drafter, model, heldout, "before training") if start is not None else None
     result = train_dflash(drafter, model, data, cfg.dflash, budget, log=run.log)
+    after = held_out_decode_tau(run, drafter, model, heldout, "after training")
     drafter.to(cfg.dtype()).save_pretrained(cfg.pair / pair_lib.DFLASH)
     record = {"parameters": _params(drafter), "steps": result.steps, "seconds": result.seconds,
+              **({} if after is None else {"heldout_decode_tau": after}),
+              **({} if before is None else {"heldout_decode_tau_before": before}),
               "final_loss": result.losses[-1], "block_size": drafter.config.block_size,
               "layers": drafter.config.num_hidden_layers, "taps": list(drafter.config.target_layer_ids),
               "anchors": cfg.dflash.anchors}
     return record if start is None else {**record, "continued_from": earlier_training(cfg, "dflash")}
+
+
+def held_out_decode_tau(run: Run, drafter, model, heldout: SequenceSet | None, when: str) -> float | None:
+    """T = 0 chain-DFlash tau on the target's greedy held-out continuations (``decode_tau``), logged."""
+    if heldout is None:
+        return None
+    with autocast(run.cfg.device):
+        tau = decode_tau(drafter, model, heldout.to(run.cfg.device))
+    run.log(f"  decode tau {when}: {tau:.2f} (T = 0, chain, {len(heldout)} held-out greedy continuations, "
+            "teacher-forced rounds)")
+    drafter.train()
+    return tau
 
 
 def stage_mtp(run: Run) -> dict:

@@ -275,6 +275,12 @@ def render_card(m: dict) -> str:
         taus.setdefault(row["strategy"], {})[str(row["temperature"])] = row["tau"]
     for name, by_t in taus.items():
         lines.append(f"| {name} | {_fmt(by_t.get('0.0'))} | {_fmt(by_t.get('1.0'))} |")
+    if "heldout_decode_tau" in dfl:
+        before = dfl.get("heldout_decode_tau_before")
+        lines += ["", f"DFlash decode tau on {_fmt(reg.get('decode_tau_sequences'))} greedy held-out continuations "
+                  f"({_fmt(m.get('tau_setup', {}).get('max_new_tokens'))} tokens; T = 0 chain rounds read off teacher forcing, "
+                  f"`ddtree.training.dflash.decode_tau`): {_fmt(dfl['heldout_decode_tau'])}"
+                  + ("" if before is None else f" ({_fmt(before)} before this run's training)") + "."]
     lines += [
         "",
         f"Training wall time {_fmt(m.get('train_seconds', m.get('wall_seconds')), 1)} s on {_fmt(env.get('device'))} "

@@ -16,7 +16,9 @@ from ddtree.drafters.mtp import MTPDrafter
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import target_for
 from ddtree.testing import greedy_reference
+from ddtree.training.dflash import anchor_acceptance, walk_rounds
 from ddtree.training.pair import load_pair, mtp_location
+from ddtree.training.sequences import SequenceSet
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
@@ -42,5 +44,8 @@ def test_shipped_pair_is_lossless_and_accepts_more_than_one_token(path):
     # Far below what the pairs measure (README), far above a broken drafter's 1.0.
     assert results["mtp"].mean_acceptance > 1.5 and results["dflash"].mean_acceptance > 1.5
     assert results["ddtree-64"].mean_acceptance > results["dflash"].mean_acceptance
+    # The training side's decode tau walks the same rounds off one teacher-forced forward.
+    response = SequenceSet.from_tokens(torch.tensor([prompt + reference]), len(prompt))
+    assert walk_rounds(anchor_acceptance(pair.dflash, pair.target, response)[0]) == results["dflash"].acceptance_lengths
     if path.name == "pair_hybrid":
         assert type(target).__name__ == "HybridTarget" and mtp_location(path) == path / "target"

@@ -135,7 +135,9 @@ def test_gpu_pipeline_script_runs_end_to_end_on_cpu(tmp_path):
     if shipped.is_file():
         assert set(tau[0]) == set(json.loads(shipped.read_text())["tau"][0])
     assert (work / "evaluate" / "heldout" / "ddtree-16_T1" / "records.jsonl").is_file()  # the main job's records
+    assert 1.0 <= pair.metrics["dflash"]["heldout_decode_tau"] <= 8  # read off 2 greedy held-out continuations
     card = (tmp_path / "unpacked" / "pair" / "README.md").read_text()
+    assert "DFlash decode tau on 2 greedy held-out continuations" in card
     assert "Held-out perplexity" in card and "n/a" not in card and "| ddtree-16 |" in card
     assert not (work / ".hydra").exists() and not list(work.glob("*.log"))  # Hydra wrote nothing of its own
     # Resumable: every stage left its record, so a second run skips them all.
@@ -151,6 +153,7 @@ def test_gpu_pipeline_script_runs_end_to_end_on_cpu(tmp_path):
     metrics = script.run(script.compose(again), log=logs.append)
     assert metrics["dflash"]["steps"] == 3 and metrics["dflash"]["continued_from"]["steps"] == 20
     assert metrics["mtp"]["continued_from"]["steps"] == 20
+    assert {"heldout_decode_tau", "heldout_decode_tau_before"} <= set(metrics["dflash"])
     card = (tmp_path / "again" / "pair" / "README.md").read_text()
     assert "| 20 + 3 |" in card and "| 20 + 2 |" in card and "continued from an earlier build" in card
     pipeline = sys.modules["pair_pipeline"]
