@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from ddtree import presets
 from ddtree.training import corpus as corpus_lib
 from ddtree.training import pair as pair_lib
-from ddtree.training.dflash import DFlashTrainConfig, decode_tau, new_dflash, train_dflash
+from ddtree.training.dflash import DFlashTrainConfig, decode_tau, grow_dflash, new_dflash, train_dflash
 from ddtree.training.lm import LMTrainConfig, TargetSpec, build_target, mean_nll, token_stream, train_target
 from ddtree.training.loop import Budget, autocast
 from ddtree.training.mtp import MTPTrainConfig, train_mtp
@@ -69,6 +69,7 @@ class PipelineConfig:
     block_size: int
     dflash_layers: int
     dflash_taps: int
+    dflash_tap_layers: tuple[int, ...] | None
     dflash: DFlashTrainConfig
     dflash_budget: Budget
     mtp: MTPTrainConfig
@@ -276,11 +277,17 @@ def stage_dflash(run: Run) -> dict:
     data = SequenceSet.load(cfg.work / "regenerated.safetensors")
     start = _continued(cfg, pair_lib.DFLASH)
     if start is None:
-        drafter = new_dflash(model, tok.mask_token_id, cfg.block_size, cfg.dflash_layers, cfg.dflash_taps, cfg.seed)
+        drafter = new_dflash(model, tok.mask_token_id, cfg.block_size, cfg.dflash_layers, cfg.dflash_taps, cfg.seed,
+                             cfg.dflash_tap_layers)
     else:
-        drafter = DFlashDraftModel.from_pretrained(start)
+        drafter = DFlashDraftModel.from_pretrained(start).float()
         if drafter.config.block_size != cfg.block_size or drafter.config.hidden_size != model.config.hidden_size:
             raise ValueError(f"{start} was made for another target or block size; it cannot be continued here")
+        layers = max(cfg.dflash_layers, drafter.config.num_hidden_layers)
+        if layers > drafter.config.num_hidden_layers or cfg.dflash_tap_layers:
+            run.log(f"  grown from {drafter.config.num_hidden_layers} layers, taps {list(drafter.config.target_layer_ids)}"
+                    f" to {layers} layers, taps {list(cfg.dflash_tap_layers or drafter.config.target_layer_ids)}")
+            drafter = grow_dflash(drafter, layers, cfg.dflash_tap_layers, cfg.seed)
     drafter = drafter.to(cfg.device, torch.float32)
     seconds = run.seconds(cfg.dflash_budget.max_seconds, "mtp", "evaluate", overhead=20)  # + decode tau
     budget = dataclasses.replace(cfg.dflash_budget, max_seconds=seconds)

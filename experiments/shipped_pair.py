@@ -57,6 +57,7 @@ def from_config(cfg: DictConfig) -> PipelineConfig:
         "device": values["device"] or ("cuda" if torch.cuda.is_available() else "cpu"),
         "stages": tuple(values["stages"]), "temperatures": tuple(values["temperatures"]),
         "strategies": tuple(values["strategies"]) if values["strategies"] else None,
+        "dflash_tap_layers": tuple(values["dflash_tap_layers"]) if values["dflash_tap_layers"] else None,
     })
 
 

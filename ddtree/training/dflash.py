@@ -63,8 +63,9 @@ def _rope_theta(config) -> float:
 
 
 def new_dflash(target_model, mask_token_id: int, block_size: int = 16, num_layers: int = 2,
-               num_taps: int = 3, seed: int = 0) -> DFlashDraftModel:
-    """A freshly initialised drafter shaped like the target's layers (float32, for training).
+               num_taps: int = 3, seed: int = 0, target_layer_ids: tuple[int, ...] | None = None) -> DFlashDraftModel:
+    """A freshly initialised drafter shaped like the target's layers (float32, for training), tapping
+    ``target_layer_ids`` or else ``num_taps`` layers spread by the paper's rule (``tap_layers``).
 
     >>> new_dflash(tiny_target("qwen3"), mask_token_id=95).config.target_layer_ids   # doctest: +SKIP
     (1,)
@@ -75,7 +76,7 @@ def new_dflash(target_model, mask_token_id: int, block_size: int = 16, num_layer
         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
         vocab_size=cfg.vocab_size, num_target_layers=cfg.num_hidden_layers, mask_token_id=mask_token_id,
-        target_layer_ids=tap_layers(cfg.num_hidden_layers, num_taps), block_size=block_size,
+        target_layer_ids=tuple(target_layer_ids or tap_layers(cfg.num_hidden_layers, num_taps)), block_size=block_size,
         rms_norm_eps=cfg.rms_norm_eps, rope_theta=_rope_theta(cfg),
         max_position_embeddings=cfg.max_position_embeddings,
     )
@@ -87,6 +88,47 @@ def new_dflash(target_model, mask_token_id: int, block_size: int = 16, num_layer
             layer.self_attn.o_proj.weight.mul_(1.0 / math.sqrt(2 * num_layers))
             layer.mlp["down_proj"].weight.mul_(1.0 / math.sqrt(2 * num_layers))
     return model.to(target_model.device)
+
+
+@torch.no_grad()
+def grow_dflash(drafter: DFlashDraftModel, num_layers: int, target_layer_ids: tuple[int, ...] | None = None,
+                seed: int = 0) -> DFlashDraftModel:
+    """``drafter`` with more layers and/or taps, computing exactly what it computed (a trained
+    drafter continues training with more capacity instead of starting over).
+
+    The new taps' columns of ``fc`` are zero, so the fused features are unchanged; the new layers
+    come after the old ones with ``o_proj`` and ``down_proj`` zero, so each adds nothing to the
+    residual stream until training moves them. ``target_layer_ids`` None keeps the drafter's taps.
+
+    >>> grown = grow_dflash(drafter, 4, (1, 3, 5, 7))   # doctest: +SKIP
+    """
+    cfg = drafter.config
+    taps = tuple(target_layer_ids or cfg.target_layer_ids)
+    if num_layers < cfg.num_hidden_layers or not set(cfg.target_layer_ids) <= set(taps):
+        raise ValueError(
+            f"a grown drafter keeps what it has: {cfg.num_hidden_layers} layers and taps {list(cfg.target_layer_ids)} "
+            f"cannot become {num_layers} layers and taps {list(taps)}"
+        )
+    new_cfg = dataclasses.replace(cfg, num_hidden_layers=num_layers, target_layer_ids=taps)
+    param = next(drafter.parameters())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        grown = DFlashDraftModel(new_cfg).to(device=param.device, dtype=param.dtype)
+    h = cfg.hidden_size
+    fc = torch.zeros_like(grown.fc.weight)  # [H, len(taps) * H]
+    for j, layer in enumerate(cfg.target_layer_ids):
+        i = taps.index(layer)
+        fc[:, i * h : (i + 1) * h] = drafter.fc.weight[:, j * h : (j + 1) * h]
+    grown.fc.weight.copy_(fc)
+    grown.hidden_norm.load_state_dict(drafter.hidden_norm.state_dict())
+    grown.norm.load_state_dict(drafter.norm.state_dict())
+    for i, layer in enumerate(grown.layers):
+        if i < cfg.num_hidden_layers:
+            layer.load_state_dict(drafter.layers[i].state_dict())
+        else:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp["down_proj"].weight.zero_()
+    return grown.train(drafter.training)
 
 
 def loss_weights(block_size: int, gamma: float) -> Tensor:  # [block_size], 0 at the anchor

@@ -149,11 +149,13 @@ def test_gpu_pipeline_script_runs_end_to_end_on_cpu(tmp_path):
     earlier = tmp_path / "unpacked" / "pair"
     again = [*common, f"work={tmp_path / 'again'}", "pipeline/preset=smoke", f"reuse_target={earlier}",
              f"continue_from={earlier}", "seed=1", "stages=[tokenizer,target,regenerate,dflash,mtp]",
-             "dflash_budget.max_steps=3", "mtp_budget.max_steps=2"]
+             "dflash_budget.max_steps=3", "mtp_budget.max_steps=2", "dflash_layers=2", "dflash_tap_layers=[1,2]"]
     metrics = script.run(script.compose(again), log=logs.append)
     assert metrics["dflash"]["steps"] == 3 and metrics["dflash"]["continued_from"]["steps"] == 20
     assert metrics["mtp"]["continued_from"]["steps"] == 20
     assert {"heldout_decode_tau", "heldout_decode_tau_before"} <= set(metrics["dflash"])
+    assert metrics["dflash"]["layers"] == 2 and metrics["dflash"]["taps"] == [1, 2]  # grown, then trained
+    assert any("grown from 1 layers, taps [1] to 2 layers, taps [1, 2]" in line for line in logs)
     card = (tmp_path / "again" / "pair" / "README.md").read_text()
     assert "| 20 + 3 |" in card and "| 20 + 2 |" in card and "continued from an earlier build" in card
     pipeline = sys.modules["pair_pipeline"]

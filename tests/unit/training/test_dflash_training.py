@@ -12,12 +12,14 @@ from ddtree.training.dflash import (
     DFlashTrainConfig,
     dflash_forward,
     feature_cache,
+    grow_dflash,
     layout_blocks,
     loss_weights,
     new_dflash,
     sample_anchors,
     tap_layers,
     train_dflash,
+    weighted_loss,
 )
 from ddtree.training.loop import Budget, OptimConfig
 from ddtree.training.sequences import SequenceSet
@@ -134,3 +136,24 @@ def test_bf16_autocast_path_runs(model):
     assert logits.shape == (16, 96) and torch.isfinite(logits.float()).all()
     logits.float().sum().backward()
     assert drafter.fc.weight.grad is not None
+
+
+def test_a_grown_drafter_computes_what_it_did_and_then_trains_its_new_parts(model):
+    """More layers and taps, same logits: new fc columns and new layers' output projections start at zero."""
+    drafter = new_dflash(model, mask_token_id=95, block_size=6, num_layers=1, num_taps=1, seed=1)
+    with torch.no_grad():  # a trained drafter's layers are not near identity: make them count
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.randint(0, 90, (2, 24), generator=torch.Generator().manual_seed(3))
+    data = SequenceSet.from_tokens(ids, prompt_length=4)
+    blocks = layout_blocks(data, torch.tensor([[5, 11], [4, 9]]), torch.ones(2, 2, dtype=torch.bool), 6, 95, 7.0)
+    grown = grow_dflash(drafter, 3, (0, 1, 2))
+    assert grown.config.num_hidden_layers == 3 and grown.config.target_layer_ids == (0, 1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(dflash_forward(grown, model, data, blocks), dflash_forward(drafter, model, data, blocks))
+    loss = weighted_loss(dflash_forward(grown, model, data, blocks), blocks)
+    loss.backward()
+    assert grown.layers[2].self_attn.o_proj.weight.grad.abs().sum() > 0  # the new layer learns
+    assert grown.fc.weight.grad[:, 2 * 64 :].abs().sum() > 0  # so do the new taps' columns
+    with pytest.raises(ValueError, match="cannot become 1 layers and taps \\[0\\]"):
+        grow_dflash(grown, 1, (0,))
