@@ -209,3 +209,23 @@ def test_calibrate_tree_fits_and_writes_a_config_the_builder_reads(tmp_path):
     assert "NLL fit" in done.stdout and "1 prompts" in done.stdout
     builder = instantiate(OmegaConf.load(out), budget=16)
     assert type(builder).__name__ == "CalibratedTreeBuilder" and builder.temperatures.numel() == 15
+
+
+def test_decode_tau_reads_the_main_jobs_dflash_tau_off_teacher_forcing(tmp_path):
+    """experiments/decode_tau.py on the hybrid pair: the tau the main job decodes, from a cached continuation."""
+    script = Path(__file__).resolve().parents[2] / "experiments" / "decode_tau.py"
+    cache = tmp_path / "greedy.safetensors"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    args = [sys.executable, str(script), "--limit", "2", "--max-new-tokens", "24", "--threads", "1", "--cache", str(cache)]
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert "greedy continuations of 2 prompts from" in again.stdout  # the cache, not the target, this time
+    main_job = subprocess.run(
+        [sys.executable, str(Path(script).parent / "main.py"), "target=pair_hybrid", "data=humaneval-code", "data.limit=2",
+         "strategies=[dflash]", "temperatures=[0]", "max_new_tokens=24", "threads=1", f"hydra.run.dir={tmp_path / 'main'}"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert main_job.returncode == 0, main_job.stderr[-3000:]
+    decoded = next(float(line.split()[2]) for line in main_job.stdout.splitlines() if line.startswith("dflash "))
+    walked = float(first.stdout.split("DFlash tau ")[1].split()[0])
+    assert round(walked, 2) == decoded and walked > 1.0
