@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 
 from ddtree.data import encode_turn, load_prompts
+from ddtree.drafters.dflash import check_pair
+from ddtree.errors import run_cli
+from ddtree.models import target_for
 from ddtree.models.dflash import DFlashDraftModel
 from ddtree.presets import REPO
 from ddtree.testing import greedy_reference
@@ -65,6 +68,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     pair = load_pair(args.pair, dtype=torch.float32)
+    drafters = {path: DFlashDraftModel.from_pretrained(path, dtype=torch.float32) for path in args.drafter or []}
+    target = target_for(pair.target, fast=False)
+    for drafter in drafters.values():
+        check_pair(drafter, target)  # before any decoding: a drafter made for another target says so
     prompts = load_prompts(args.data, path=args.path, limit=args.limit)
     name = f"{args.pair.name}_{args.data}_{len(prompts)}_{args.max_prompt_tokens}_{args.max_new_tokens}.safetensors"
     cache = args.cache or REPO / "outputs" / "decode_tau" / name
@@ -76,13 +83,12 @@ def main(argv=None) -> None:
         data = greedy_continuations(pair, prompts, args.max_new_tokens, args.max_prompt_tokens)
         data.save(cache)
         print(f"greedy continuations of {len(data)} prompts in {time.perf_counter() - start:.0f}s -> {cache}")
-    for path in args.drafter or [None]:
-        drafter = pair.dflash if path is None else DFlashDraftModel.from_pretrained(path, dtype=torch.float32)
+    for path, drafter in (drafters or {args.pair / "dflash": pair.dflash}).items():
         start = time.perf_counter()
         tau = decode_tau(drafter, pair.target, data)
-        print(f"{path or args.pair / 'dflash'}: DFlash tau {tau:.3f} (T = 0, {len(data)} prompts of {args.data}, "
+        print(f"{path}: DFlash tau {tau:.3f} (T = 0, {len(data)} prompts of {args.data}, "
               f"{args.max_new_tokens} new tokens; {time.perf_counter() - start:.0f}s)")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -243,7 +243,8 @@ def stage_regenerate(run: Run) -> dict:
         windows = prompt_windows(run.stream("heldout"), cfg.decode_tau_sequences, cfg.prompt_tokens, seed=cfg.seed)
         regenerate(model, windows, cfg.tau_new_tokens, tok.eos_token_id, tok.pad_token_id, cfg.regen_batch,
                    log=None).save(cfg.work / HELDOUT_GREEDY)
-    return {"sequences": len(data), "decode_tau_sequences": cfg.decode_tau_sequences, "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
+    return {"sequences": len(data), "decode_tau_sequences": cfg.decode_tau_sequences,
+            "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens,
             "temperatures": list(cfg.temperatures), "sequences_per_temperature": counts,
             "prompts": int(prompts.shape[0]), "docstring_prompts": docstring,
             "response_tokens": int(data.loss_mask.sum())}
@@ -313,7 +314,6 @@ def held_out_decode_tau(run: Run, drafter, model, heldout: SequenceSet | None, w
         tau = decode_tau(drafter, model, heldout.to(run.cfg.device))
     run.log(f"  decode tau {when}: {tau:.2f} (T = 0, chain, {len(heldout)} held-out greedy continuations, "
             "teacher-forced rounds)")
-    drafter.train()
     return tau
 
 

@@ -228,11 +228,16 @@ def chain_acceptance(logits: Tensor, blocks: Blocks, block_size: int) -> Tensor:
     decoding passes it in one round. This mean overstates decoding's tau (``decode_tau`` walks the
     rounds instead), and serves to follow a run's progress, not to predict acceptance.
     """
-    correct = (logits.argmax(-1) == blocks.labels) & (blocks.weights > 0)
-    correct = correct.view(-1, block_size)[:, 1:]  # [blocks, bs - 1]
     usable = (blocks.weights.view(-1, block_size)[:, 1] > 0).float()
-    accepted = correct.long().cumprod(dim=1).sum(dim=1).float()
+    accepted = accepted_drafts(logits, blocks, block_size).float()
     return 1.0 + (accepted * usable).sum() / usable.sum().clamp(min=1.0)
+
+
+def accepted_drafts(logits: Tensor, blocks: Blocks, block_size: int) -> Tensor:  # [blocks] long
+    """Per block, how many of its drafted tokens (the argmax) a T = 0 chain accepts: the length of
+    the prefix that matches the labels, stopping at the first position with no label."""
+    correct = (logits.argmax(-1) == blocks.labels) & (blocks.weights > 0)
+    return correct.view(-1, block_size)[:, 1:].long().cumprod(dim=1).sum(dim=1)  # over [blocks, bs - 1]
 
 
 @torch.no_grad()
@@ -244,7 +249,6 @@ def anchor_acceptance(drafter: DFlashDraftModel, target_model, data: SequenceSet
     The target's features are computed once per sequence; the anchors go through the training
     forward ``chunk`` at a time.
     """
-    drafter.eval()
     bs = drafter.config.block_size
     dtype = next(drafter.parameters()).dtype
     device = next(drafter.parameters()).device
@@ -264,8 +268,7 @@ def anchor_acceptance(drafter: DFlashDraftModel, target_model, data: SequenceSet
             blocks = layout_blocks(seq, anchors, torch.ones_like(anchors, dtype=torch.bool), bs,
                                    drafter.config.mask_token_id, gamma=1.0)
             logits = dflash_forward(drafter, target_model, seq, blocks, features)  # [A * bs, vocab]
-            correct = (logits.argmax(-1) == blocks.labels) & (blocks.weights > 0)
-            counts.append(correct.view(-1, bs)[:, 1:].long().cumprod(dim=1).sum(dim=1).cpu())
+            counts.append(accepted_drafts(logits, blocks, bs).cpu())
         accepted.append(torch.cat(counts))
     return accepted
 

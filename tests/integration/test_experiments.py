@@ -229,3 +229,6 @@ def test_decode_tau_reads_the_main_jobs_dflash_tau_off_teacher_forcing(tmp_path)
     decoded = next(float(line.split()[2]) for line in main_job.stdout.splitlines() if line.startswith("dflash "))
     walked = float(first.stdout.split("DFlash tau ")[1].split()[0])
     assert round(walked, 2) == decoded and walked > 1.0
+    other = subprocess.run([*args, "--drafter", str(script.parents[1] / "assets" / "pair" / "dflash")], env=env,
+                           capture_output=True, text=True, timeout=300)  # the Qwen3 pair's drafter: another target
+    assert other.returncode == 2 and "DFlash drafter does not match the target" in other.stderr
