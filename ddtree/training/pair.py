@@ -195,6 +195,19 @@ def _steps(part: dict) -> tuple[str, str]:
             f"{_fmt(earlier.get('seconds'), 1)} + {_fmt(part.get('seconds'), 1)}")
 
 
+def _trained_on(m: dict) -> str:
+    """The training stages' device, or each device with its stages where they differ (a continued
+    build keeps the reused target's record and trains the drafters on another machine)."""
+    stages: dict[str, list[str]] = {}
+    for name in ("target", "regenerate", "dflash", "mtp"):
+        device = m.get(name, {}).get("environment", {}).get("device")
+        if device:
+            stages.setdefault(device, []).append(name)
+    if len(stages) < 2:
+        return _fmt(m.get("environment", {}).get("device"))
+    return ", ".join(f"{device} ({', '.join(names)})" for device, names in stages.items())
+
+
 def _continuation(dfl: dict, mtp: dict) -> list[str]:
     earlier = dfl.get("continued_from") or mtp.get("continued_from")
     if not earlier:
@@ -283,7 +296,7 @@ def render_card(m: dict) -> str:
                   + ("" if before is None else f" ({_fmt(before)} before this run's training)") + "."]
     lines += [
         "",
-        f"Training wall time {_fmt(m.get('train_seconds', m.get('wall_seconds')), 1)} s on {_fmt(env.get('device'))} "
+        f"Training wall time {_fmt(m.get('train_seconds', m.get('wall_seconds')), 1)} s on {_trained_on(m)} "
         f"(torch {_fmt(env.get('torch'))}, transformers {_fmt(env.get('transformers'))}); evaluation "
         f"{_fmt(m.get('evaluate_seconds'), 1)} s on {evaluated_on}.",
         "Rebuild: `experiments/make_shipped_pair.sh` (seeded; its header gives the stages and calls).",

@@ -85,6 +85,17 @@ def test_card_is_rendered_from_measured_values():
     json.dumps(metrics)
 
 
+def test_card_names_each_stage_device_when_the_stages_ran_on_different_ones():
+    # A continued build keeps the target's stage record (its device) and trains the drafters elsewhere.
+    h200, h100 = {"device": "NVIDIA H200"}, {"device": "NVIDIA H100 80GB HBM3"}
+    metrics = {"target": {"environment": h200}, "regenerate": {"environment": h100}, "dflash": {"environment": h100},
+               "mtp": {"environment": h100}, "train_seconds": 588.5, "environment": h200}
+    assert "Training wall time 588.5 s on NVIDIA H200 (target), NVIDIA H100 80GB HBM3 (regenerate, dflash, mtp)" \
+        in render_card(metrics)
+    same = {**metrics, "regenerate": {"environment": h200}, "dflash": {}, "mtp": {"environment": h200}}
+    assert "Training wall time 588.5 s on NVIDIA H200 (torch" in render_card(same)
+
+
 @pytest.mark.skipif(not (SHIPPED / "metrics.json").is_file(), reason="no shipped pair")
 def test_the_shipped_card_still_renders_from_its_metrics():
     # The committed metrics.json came from the evaluate stage before it ran through
