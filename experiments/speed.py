@@ -88,7 +88,7 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
     draft with ``dflash_model``, MTP presets with ``mtp_head`` (without one they are not built)."""
     paths = [(p, {"eager": eager, "fast": fast}[p]) for p in cfg.paths]
     heads = {} if mtp_head is None else {"head": mtp_head}
-    shared = [f"mask={cfg.mask}"] if cfg.get("mask") else []  # e.g. mask=tree: no [n, context] mask buffer
+    shared = [f"mask={cfg.mask_name}"] if cfg.get("mask_name") else []  # e.g. mask=tree: no [n, context] mask buffer
     for preset in cfg.strategies:
         base = presets.compose(preset, shared)  # block_size null: the drafter's own
         budgets = list(cfg.budgets) if "budget" in base.tree else [None]

@@ -159,6 +159,17 @@ def test_the_fast_path_forced_on_decodes_the_same_tokens(tmp_path) -> None:
     assert tokens["true"] == tokens["false"] and len(tokens["true"]) == 3
 
 
+@pytest.mark.parametrize("override, name", [([], "null"), (["mask=tree"], "tree"), (["mask=dense"], "dense")])
+def test_speed_takes_mask_on_its_command_line(override, name, tmp_path):
+    """`experiments/speed.py mask=tree` picks the mask group's config as the run configs do, and
+    speed.py reads its name off `mask_name` (a plain `mask` key was refused by Hydra)."""
+    script = Path(__file__).resolve().parents[2] / "experiments" / "speed.py"
+    out = subprocess.run([sys.executable, str(script), *override, "--cfg", "job", "--resolve"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"mask_name: {name}" in out.stdout.splitlines()
+
+
 @pytest.mark.parametrize("mask", [None, "tree"])
 def test_speed_takes_its_strategies_from_the_presets(mask):
     """speed.py builds every preset of `strategies` (a tree preset once per budget) through the
@@ -179,7 +190,7 @@ def test_speed_takes_its_strategies_from_the_presets(mask):
     model = tiny_target("qwen3")
     cfg = OmegaConf.create({"strategies": ["ar", "dflash", "ddtree", "mtp_tree"], "budgets": [4, 16],
                             "paths": ["eager", "fast"], "max_length": 256, "cuda_graphs": True, "tree_method": "auto",
-                            "mask": mask})
+                            "mask_name": mask})
     fast = StaticTarget(model, max_length=256, cuda_graphs=False)
     from ddtree.models import MTPHead
 
