@@ -31,6 +31,8 @@ ATTENTIONS = ("auto", "dense", "flex")
 KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
 # Every verify size a target serves is one compiled kernel (Dynamo's default allows 8 per function).
 RECOMPILE_LIMIT = 64
+# The most outputs a decoding tile holds (BLOCK_M x head dim, float32, over two warps) without spilling.
+DECODE_TILE_OUTPUTS = 64 * 128
 
 
 def visibility_mask_mod(past: Tensor, visible: Tensor) -> Callable:
@@ -111,16 +113,21 @@ def _compiled() -> Callable:
     return _COMPILED[0]
 
 
-def kernel_options(n: int, groups: int, dtype: torch.dtype, capability: tuple[int, int]) -> dict:
-    """Triton options for n queries with ``groups`` query heads per K/V head on a GPU of ``capability``.
+def kernel_options(n: int, groups: int, dtype: torch.dtype, capability: tuple[int, int], head_dim: int) -> dict:
+    """Triton options for n queries with ``groups`` query heads per K/V head of ``head_dim`` on a GPU
+    of ``capability``.
 
     Queries shorter than 128 rows run FlexAttention's decoding kernel, which stacks the ``groups``
     heads of a K/V head into one tile of ``BLOCK_M`` rows; its default (the next power of two of
     n * groups) must divide the 128-row query block, so a longer stack (n * groups > 128, e.g. a
-    65-token verify with 4 groups) is cut into 64- or 128-row tiles. Ampere parts other than the
-    A100 (sm_86/sm_89: A6000, RTX 30/40) have ~100 KB of shared memory per block against 164 KB
-    (A100) and 228 KB (H100/H200): the defaults picked for sm_80 (128 x 64 tiles, 3 stages, head
-    dim 128) do not fit there, so they get 64 x 64 tiles in 2 stages (fp32: 32 x 32, 1 stage).
+    65-token verify with 4 groups) is cut into tiles of 128 rows or fewer. The kernel runs two warps
+    a tile, which hold the tile's ``BLOCK_M x head_dim`` float32 outputs in registers: past 64 x 128
+    (128 a thread) they spill, and a 128 x 128 tile (a 65-node verify of Qwen3-8B's 32 over 8
+    heads) did not finish within 4 minutes on an H100, so the tile is halved until it fits (16 rows
+    at least). Ampere parts other than the A100 (sm_86/sm_89: A6000, RTX 30/40) have ~100 KB of
+    shared memory per block against 164 KB (A100) and 228 KB (H100/H200): the defaults picked for
+    sm_80 (128 x 64 tiles, 3 stages, head dim 128) do not fit there, so they get 64 x 64 tiles in 2
+    stages (fp32: 32 x 32, 1 stage).
     """
     small_smem = capability[0] == 8 and capability[1] != 0
     options: dict = {}
@@ -129,7 +136,10 @@ def kernel_options(n: int, groups: int, dtype: torch.dtype, capability: tuple[in
         options.update(BLOCK_M=64 if wide else 32, BLOCK_N=64 if wide else 32, num_stages=2 if wide else 1)
     if n < KV_BLOCK:  # the decoding kernel: one tile per K/V head holds groups * BLOCK_M / groups rows
         stacked = max(16, 1 << max(n * groups - 1, 0).bit_length())
-        options["BLOCK_M"] = min(stacked, 64 if small_smem else KV_BLOCK)
+        block_m = min(stacked, 64 if small_smem else KV_BLOCK)
+        while block_m > 16 and block_m * head_dim > DECODE_TILE_OUTPUTS:
+            block_m //= 2
+        options["BLOCK_M"] = block_m
     return options
 
 
@@ -141,7 +151,8 @@ def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, sca
         with warnings.catch_warnings():  # the eager reference materialises the scores, and says so
             warnings.simplefilter("ignore", UserWarning)
             return flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa)
-    options = kernel_options(query.shape[2], groups, query.dtype, torch.cuda.get_device_capability(query.device))
+    options = kernel_options(query.shape[2], groups, query.dtype, torch.cuda.get_device_capability(query.device),
+                             head_dim=query.shape[-1])
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
         return _compiled()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa,
                            kernel_options=options)

@@ -105,12 +105,30 @@ def test_compiled_cpu_kernel_reads_the_tables_and_follows_p_in_place():
 
 
 def test_kernel_options_fit_the_decoding_tile_and_ampere_shared_memory():
-    assert fa.kernel_options(1, 4, torch.bfloat16, (9, 0)) == {"BLOCK_M": 16}
-    assert fa.kernel_options(16, 4, torch.bfloat16, (9, 0)) == {"BLOCK_M": 64}
-    assert fa.kernel_options(65, 4, torch.bfloat16, (9, 0)) == {"BLOCK_M": 128}  # 260 rows: 128-row tiles
-    assert fa.kernel_options(257, 4, torch.bfloat16, (9, 0)) == {}
-    assert fa.kernel_options(257, 4, torch.bfloat16, (8, 6)) == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
-    assert fa.kernel_options(65, 4, torch.float32, (8, 6))["BLOCK_M"] == 64
+    assert fa.kernel_options(1, 4, torch.bfloat16, (9, 0), head_dim=128) == {"BLOCK_M": 16}
+    assert fa.kernel_options(16, 4, torch.bfloat16, (9, 0), head_dim=128) == {"BLOCK_M": 64}
+    assert fa.kernel_options(65, 2, torch.bfloat16, (9, 0), head_dim=16) == {"BLOCK_M": 128}  # 130 rows: 128-row tiles
+    assert fa.kernel_options(257, 4, torch.bfloat16, (9, 0), head_dim=128) == {}
+    assert fa.kernel_options(257, 4, torch.bfloat16, (8, 6), head_dim=128) == {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
+    assert fa.kernel_options(65, 4, torch.float32, (8, 6), head_dim=128)["BLOCK_M"] == 64
+
+
+@pytest.mark.parametrize("n, groups, head_dim, block_m", [
+    (65, 4, 128, 64),   # 260 stacked rows: a 128 x 128 tile would need 256 fp32 registers a thread for its output
+    (127, 8, 128, 64),
+    (65, 4, 64, 128),
+    (17, 4, 256, 32),   # head dim 256 (Qwen3.5/3.6 attention): 32-row tiles
+    (1, 8, 256, 16),
+    (16, 4, 128, 64),   # as before: 64 x 128 fits
+])
+def test_decoding_tiles_keep_their_output_in_registers(n, groups, head_dim, block_m):
+    """The decoding kernel (fewer than 128 queries) runs two warps a tile; a tile of more than
+    64 x 128 outputs spills (a 65-node verify with 4 query heads per K/V head did not finish within 4
+    minutes on an H100), so taller stacks of a wide head get shorter tiles."""
+    for capability in ((9, 0), (8, 0), (8, 6)):
+        options = fa.kernel_options(n, groups, torch.bfloat16, capability, head_dim=head_dim)
+        assert options["BLOCK_M"] == min(block_m, 64 if capability == (8, 6) else 128)
+        assert options["BLOCK_M"] * head_dim <= 64 * 128 or options["BLOCK_M"] == 16
 
 
 @pytest.mark.parametrize("chunk", [16, 64, 4096])
