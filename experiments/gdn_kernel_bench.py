@@ -2,6 +2,7 @@
 
     python experiments/gdn_kernel_bench.py --out gdn_kernels.json                 # one H200, ~1 min
     python experiments/gdn_kernel_bench.py --sizes 65 257 --blocks 32 --value-blocks 32
+    python experiments/gdn_kernel_bench.py --sizes 65 257 --precisions tf32   # the bf16 model's variants alone
 
 For each verify size n (a random tree of depth <= 16, as DDTree builds) it times, as CUDA-graph
 replays of --reps back-to-back calls (the median of five replays, per call):
@@ -40,6 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 17, 65, 257])
     p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--value-blocks", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--precisions", nargs="+", choices=["ieee", "tf32"], default=["ieee", "tf32"],
+                   help="dot precisions of the rule (bf16 models run tf32, fp32 models ieee)")
+    p.add_argument("--forms", nargs="+", choices=["one", "split"], default=["one", "split"],
+                   help="the one-kernel rule, the split one, or both")
     p.add_argument("--reps", type=int, default=20, help="calls per captured graph")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
@@ -104,8 +109,8 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     # The float64 reference on the same inputs: g back from gamma (anc is unit lower triangular).
     g = torch.linalg.solve_triangular(anc.double(), gamma.double(), upper=False, unitriangular=True)
     ref = delta_rule_tensors(q.double() * d**0.5, key.double(), v.double(), g, b.double(), None, s0.double(), anc)[0]
-    for block, value_block, precision, split in itertools.product(args.blocks, args.value_blocks, ("ieee", "tf32"),
-                                                                  (False, True)):
+    forms = [form == "split" for form in args.forms]
+    for block, value_block, precision, split in itertools.product(args.blocks, args.value_blocks, args.precisions, forms):
         name = f"rule/bt{block}/bv{value_block}/{precision}" + ("/split" if split else "")
         run = lambda: tree_delta_rule(q, key, v, gamma, b, s0, anc, block=block, value_block=value_block,  # noqa: E731
                                       precision=precision, split=split)
