@@ -41,6 +41,85 @@ KINDS = (
 )
 
 
+def summarise(prof, gpu: bool, top: int) -> dict:
+    """Kernel time of a ``torch.profiler`` run by kind and by name (the ``top`` costliest)."""
+    kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
+    kernels = [e for e in prof.events() if e.device_type == kind and (gpu or not e.cpu_children)]
+    by_kind, by_name, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    for e in kernels:
+        ms = (e.device_time if gpu else e.cpu_time) / 1e3
+        by_kind[kind_of(e.name)] += ms
+        by_name[e.name] += ms
+        count[e.name] += 1
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {"profiled_ms": sum(by_kind.values()), "kernels": len(kernels),
+            "by_kind_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "top": [{"name": name[:120], "ms": ms, "calls": count[name]} for name, ms in ranked]}
+
+
+def report(title: str, row: dict) -> None:
+    print(f"{title}; profiled kernels {row['kernels']}, {row['profiled_ms']:.2f} ms of device time", flush=True)
+    for kind, ms in row["by_kind_ms"].items():
+        print(f"  {kind:<28} {ms:8.2f} ms")
+    for t in row["top"]:
+        print(f"    {t['ms']:8.3f} ms {t['calls']:5d}x  {t['name']}")
+
+
+def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.device) -> dict:
+    """Per drafter of ``args.drafters``: the median graphed draft (CUDA events) after a prefill of
+    ``prompt``, then one draft of the same drafter run op by op under the profiler. The DFlash
+    draft absorbs a block of pending features first, as every round does; the MTP draft is the
+    static chain's (``steps`` head forwards and LM heads over one round's pairs)."""
+    from ddtree.drafters.dflash import DFlashDrafter
+    from ddtree.drafters.mtp_static import StaticChain
+    from ddtree.models import MTPHead
+    from ddtree.models.geometry import random_dflash_for
+
+    gpu, rows = device.type == "cuda", {}
+    param = next(model.parameters())
+    max_length = target.max_length
+    for name in args.drafters:
+        if name == "dflash":
+            body = random_dflash_for(model, device=str(device), dtype=param.dtype)
+            runs = {}
+            for graphs in (gpu, False):
+                drafter = DFlashDrafter(body, target, max_length=max_length, cuda_graphs=graphs, attention="dense")
+                target.set_taps(drafter.hidden_layers)
+                out = target.prefill(prompt)
+                drafter.reset(out)
+                block = out.taps[-body.config.block_size:]
+
+                def step(drafter=drafter, block=block):
+                    drafter._pending = block  # one round's accepted features, absorbed before the draft
+                    drafter.length -= block.shape[0]
+                    drafter.draft(int(prompt[-1]))
+
+                runs[graphs] = step
+        else:
+            head = MTPHead.for_target(model).to(device)
+            target.set_taps((-1,))
+            hidden = torch.randn(args.mtp_steps + 1, head.hidden_size, device=device, dtype=param.dtype)
+            tokens = prompt[-(args.mtp_steps + 1):].tolist()
+            length = prompt.numel()
+            runs = {}
+            for graphs in (gpu, False):
+                chain = StaticChain(head, target, args.mtp_steps, max_length, graphs=graphs)
+                runs[graphs] = lambda chain=chain: chain.draft(hidden, tokens, length)
+        ms = []
+        for _ in range(args.reps + 3):
+            sync(device)
+            ms.append(timed(runs[gpu], device))
+        runs[False]()  # warm-up of the op-by-op run
+        sync(device)
+        with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+            runs[False]()
+            sync(device)
+        row = {"graphed_ms" if gpu else "eager_ms": statistics.median(ms[3:]), **summarise(prof, gpu, args.top)}
+        rows[name] = row
+        report(f"\n== {name} draft: {'graphed' if gpu else 'eager'} {statistics.median(ms[3:]):.2f} ms", row)
+    return rows
+
+
 def kind_of(name: str) -> str:
     low = name.lower()
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
@@ -58,6 +137,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--top", type=int, default=25, help="kernels listed per size")
     p.add_argument("--triton", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--drafters", nargs="*", choices=["dflash", "mtp"], default=["dflash", "mtp"],
+                   help="also time the graphed draft of these drafters and profile it (none: skip)")
+    p.add_argument("--mtp-steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("hybrid_profile.json"))
     return p.parse_args(argv)
@@ -135,27 +217,14 @@ def main(argv=None) -> None:
             eager.forward_tree(layout)
             sync(device)
         eager.commit(path)
-        kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
-        kernels = [e for e in prof.events() if e.device_type == kind and (gpu or not e.cpu_children)]
-        by_kind, by_name, count = defaultdict(float), defaultdict(float), defaultdict(int)
-        for e in kernels:
-            ms = (e.device_time if gpu else e.cpu_time) / 1e3
-            by_kind[kind_of(e.name)] += ms
-            by_name[e.name] += ms
-            count[e.name] += 1
-        row["profiled_ms"] = sum(by_kind.values())
-        row["kernels"] = len(kernels)
-        row["by_kind_ms"] = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
-        top = sorted(by_name.items(), key=lambda kv: -kv[1])[: args.top]
-        row["top"] = [{"name": name[:120], "ms": ms, "calls": count[name]} for name, ms in top]
+        row.update(summarise(prof, gpu, args.top))
         result["sizes"][n] = row
-        print(f"\n== {n} nodes: graphed verify {row['graphed_verify_ms']:.2f} ms + commit {row['graphed_commit_ms']:.2f}; "
-              f"eager verify {row['eager_verify_ms']:.2f} + commit {row['eager_commit_ms']:.2f}; "
-              f"profiled kernels {row['kernels']}, {row['profiled_ms']:.2f} ms of device time", flush=True)
-        for kind, ms in row["by_kind_ms"].items():
-            print(f"  {kind:<28} {ms:8.2f} ms")
-        for t in row["top"]:
-            print(f"    {t['ms']:8.3f} ms {t['calls']:5d}x  {t['name']}")
+        report(f"\n== {n} nodes: graphed verify {row['graphed_verify_ms']:.2f} ms + commit {row['graphed_commit_ms']:.2f}; "
+               f"eager verify {row['eager_verify_ms']:.2f} + commit {row['eager_commit_ms']:.2f}", row)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))  # after every size: a cut run keeps what it measured
+    if args.drafters:
+        result["drafters"] = profile_drafters(args, model, graphed, prompt, device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"\nwritten {args.out}")

@@ -264,6 +264,7 @@ def main(cfg: DictConfig) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("experiments/speed.py measures GPU costs: no CUDA device is visible")
     torch.manual_seed(cfg.seed)
+    OmegaConf.resolve(cfg)  # the JSON records the values (out, mask_name), not their ${hydra:...} sources
     start = time.perf_counter()
     if cfg.prompts is not None and cfg.target_path is None:
         raise SystemExit("prompts=FILE needs target_path=DIR: the prompts are tokenised with the tokenizer/ beside it")

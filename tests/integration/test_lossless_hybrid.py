@@ -135,3 +135,5 @@ def test_profile_runs_on_cpu(tmp_path):
     for row in report["sizes"].values():
         assert row["graphed_verify_ms"] > 0 and row["eager_commit_ms"] > 0 and len(row["top"]) == 3
         assert abs(sum(row["by_kind_ms"].values()) - row["profiled_ms"]) < 1e-6
+    assert list(report["drafters"]) == ["dflash", "mtp"]  # the drafts of a round, profiled the same way
+    assert all(row["eager_ms"] > 0 and len(row["top"]) == 3 for row in report["drafters"].values())
