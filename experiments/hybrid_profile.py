@@ -174,6 +174,7 @@ def timed(fn, device: torch.device) -> float:
     return start.elapsed_time(end)
 
 
+@torch.inference_mode()  # no autograd records: the 27B geometry's prefill would not fit an 80 GB card
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)

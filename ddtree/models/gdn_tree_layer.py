@@ -190,7 +190,8 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
                                                            anc, key_dim, value_dim, dk)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
-    out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision)
+    out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision,
+                                                   **gdn_tree_triton.rule_options(q.shape[0], precision))
     return out, k, updates, gamma, initial
 
 

@@ -44,6 +44,29 @@ def _kernels():
     return gdn_tree_kernels
 
 
+def rule_options(n: int, precision: str) -> dict:
+    """The block, and one launch or split, for a tree of ``n`` nodes: the fastest measured form.
+
+    One H100, Qwen3.6-27B's 48 value heads of 128 x 128, us per layer
+    (``experiments/gdn_kernel_bench.py --sizes 65 257 --forms one split --blocks 16 32``, with n = 1 from
+    ``docs/results/gdn_kernels_h100_partial.json``), value blocks of 32:
+
+    ========  =========================  =========================  ===========================
+    n         tf32 one (16 / 32)         tf32 split (16 / 32)       ieee split (16 / 32)
+    ========  =========================  =========================  ===========================
+    1         4.8 / 11.3                 6.6 / 10.1                 10.3 / 27.9
+    65        38.1 / 76.0                26.6 / 30.7                56.0 / 86.7
+    257       257.0 / 313.0              161.4 / 112.6              335.8 / 322.8
+    ========  =========================  =========================  ===========================
+
+    One launch only for a single tf32 node; 32-row blocks past 128 nodes.
+
+    >>> rule_options(257, "tf32")
+    {'block': 32, 'split': True}
+    """
+    return {"block": 32 if n > 128 else 16, "split": n > 1 or precision == "ieee"}
+
+
 def tree_delta_rule(
     q: Tensor,  # [n, Hk, dk] l2-normalised and scaled by dk^-1/2, float32
     k: Tensor,  # [n, Hk, dk] l2-normalised, float32
