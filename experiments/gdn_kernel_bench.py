@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ddtree.metrics.timer import graphed_us
 from ddtree.models import fused
 from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors
 from ddtree.models.gdn_tree_layer import tree_mix, tree_mix_inputs, tree_mix_triton
@@ -49,31 +50,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
-
-
-def graphed_us(fn, reps: int) -> float:
-    """Microseconds per call: ``reps`` calls captured in one CUDA graph, the median of five replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(1e3 * start.elapsed_time(end) / reps)
-    return sorted(times)[2]
 
 
 def random_tree(n: int, gen: torch.Generator, max_depth: int = 16) -> torch.Tensor:  # [n] parents

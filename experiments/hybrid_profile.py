@@ -33,7 +33,7 @@ from ddtree.types import Draft
 
 # Kernel name -> kind, first match wins (names as CUDA, cuBLAS, Triton and Inductor give them).
 KINDS = (
-    ("tree delta rule (Triton)", ("tree_delta",)),
+    ("tree delta rule (Triton)", ("tree_delta", "tree_system", "tree_solve")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "sm90_xmma", "sm80_xmma", "cublas", "splitk")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "flex")),
     ("compiled (Inductor/Triton)", ("triton_",)),

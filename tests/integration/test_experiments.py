@@ -243,3 +243,25 @@ def test_decode_tau_reads_the_main_jobs_dflash_tau_off_teacher_forcing(tmp_path)
     other = subprocess.run([*args, "--drafter", str(script.parents[1] / "assets" / "pair" / "dflash")], env=env,
                            capture_output=True, text=True, timeout=300)  # the Qwen3 pair's drafter: another target
     assert other.returncode == 2 and "DFlash drafter does not match the target" in other.stderr
+
+
+def test_attention_bench_merges_segments_into_the_whole_prefix_attention():
+    """experiments/attention_bench.py's split over keys: segments' outputs merged by their
+    log-sum-exps equal attention over the whole prefix (the kernels themselves need a GPU)."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(
+        "attention_bench", Path(__file__).resolve().parents[2] / "experiments" / "attention_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, rows, 8, generator=gen, dtype=torch.float64) for rows in (5, 12, 12))
+    want = torch.softmax(q @ k.transpose(-1, -2), -1) @ v  # [H, R, d]
+    outs, lses = [], []
+    for part in range(3):  # three segments of 4 keys
+        scores = q @ k[:, 4 * part : 4 * part + 4].transpose(-1, -2)
+        outs.append(torch.softmax(scores, -1) @ v[:, 4 * part : 4 * part + 4])
+        lses.append(scores.logsumexp(-1))
+    torch.testing.assert_close(bench.merge(torch.stack(outs), torch.stack(lses)).double(), want)
