@@ -131,6 +131,24 @@ def test_decoding_tiles_keep_their_output_in_registers(n, groups, head_dim, bloc
         assert options["BLOCK_M"] * head_dim <= 64 * 128 or options["BLOCK_M"] == 16
 
 
+@pytest.mark.parametrize("n, kv_length, splits", [
+    (1, 131_584, 257),   # one query over a 131K-row buffer: splits of 512 rows (FlexAttention's own: 32 of 4112)
+    (1, 33_280, 65),
+    (16, 131_584, 64),   # a DFlash block: its partial outputs cap the count (64 x 32 heads x 16 x 128 x 4 B = 16 MiB)
+    (65, 131_584, None),  # a 65-node tree: the cap is under the default, which stays
+    (1, 8_192, None),     # 16 splits of 512 rows: under the default
+])
+def test_decoding_splits_follow_the_buffer_length(n, kv_length, splits):
+    """The decoding kernel sizes its key splits by the buffer, so long static buffers get more splits
+    (Qwen3-8B's 32 over 8 heads of 128 on a 132-multiprocessor GPU); without the buffer length or the
+    multiprocessor count nothing changes."""
+    options = fa.kernel_options(n, 4, torch.bfloat16, (9, 0), head_dim=128, kv_length=kv_length, kv_heads=8, sms=132)
+    assert options.get("SPLIT_KV") == splits
+    assert "SPLIT_KV" not in fa.kernel_options(n, 4, torch.bfloat16, (9, 0), head_dim=128)
+    if splits:
+        assert 4 * splits * 32 * n * 128 <= fa.DECODE_PARTIALS_BYTES
+
+
 @pytest.mark.parametrize("chunk", [16, 64, 4096])
 def test_flex_static_target_is_greedy_with_chunked_prefill(tiny_models, family, chunk):
     model = tiny_models[family]
