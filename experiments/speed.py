@@ -51,9 +51,11 @@ from ddtree.verifiers import GreedyVerifier
 READ_BANDWIDTH = 4.8e12  # bytes/s: the H200's HBM3e peak, the floor's denominator
 
 
-def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: int) -> dict:
+def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: int, stages: bool = True) -> dict:
     """Mean time of the first ``rounds`` rounds. The run goes ``tail`` tokens further, so those
-    rounds have full-size drafts (near max_new_tokens drafts are cut, and shapes change)."""
+    rounds have full-size drafts (near max_new_tokens drafts are cut, and shapes change). With
+    ``stages`` a third, synchronised run gives the per-stage times (each run prefills the prompt
+    again: at 128K that is most of a row's time); without, the stages are NaN."""
     engine.timer_sync = False
     engine.generate(prompt, max_new_tokens=rounds + tail)  # warm-up: kernels, every graph size
     torch.cuda.synchronize()
@@ -62,17 +64,20 @@ def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: in
     result = engine.generate(prompt, max_new_tokens=rounds + tail)
     timed = min(rounds, len(result.round_ends))
     peak = torch.cuda.max_memory_allocated() - base
-    engine.timer_sync = True
-    staged = engine.generate(prompt, max_new_tokens=rounds + tail)
-    stages = {k: 1e3 * v / max(len(staged.acceptance_lengths), 1) for k, v in vars(staged.stage_times).items()}
-    return {"round_ms": 1e3 * result.round_ends[timed - 1] / timed, "rounds": timed, "stages_ms": stages,
+    if stages:
+        engine.timer_sync = True
+        staged = engine.generate(prompt, max_new_tokens=rounds + tail)
+        per_stage = {k: 1e3 * v / max(len(staged.acceptance_lengths), 1) for k, v in vars(staged.stage_times).items()}
+    else:
+        per_stage = dict.fromkeys(vars(result.stage_times), float("nan"))
+    return {"round_ms": 1e3 * result.round_ends[timed - 1] / timed, "rounds": timed, "stages_ms": per_stage,
             "peak_extra_mib": peak / 2**20, "tokens": result.tokens}
 
 
 @torch.inference_mode()
 def _time_prefill(target: HFTarget, prompt: torch.Tensor, reps: int = 3) -> float:
-    """Median ms of ``target.prefill(prompt)`` after one warm-up (synchronised)."""
-    times = []
+    """Median ms of ``reps`` (at least one) ``target.prefill(prompt)`` after one warm-up (synchronised)."""
+    reps, times = max(int(reps), 1), []
     for _ in range(reps + 1):
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -288,13 +293,14 @@ def main(cfg: DictConfig) -> None:
         prompt = torch.randint(0, model.config.get_text_config().vocab_size - 1, (length,))
         check_prompts = _check_prompts(cfg, prompt)
         prompt = check_prompts[0] if cfg.prompts is not None else prompt
-        prefill_ms[length] = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt) for path in cfg.paths}
+        prefill_ms[length] = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt, cfg.prefill_reps)
+                              for path in cfg.paths}
         print(f"prefill of {prompt.numel()} tokens, ms: {prefill_ms[length]}", flush=True)
         floors[length] = _read_floor_ms(model, length)
         for label, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head) if cfg.rounds > 0 else ():
             try:
                 row = {"prompt": length, "strategy": label, "path": path, "floor_ms": floors[length],
-                       **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size)}
+                       **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size, cfg.stages)}
             except Exception as err:  # one failing path must not cost the whole table
                 print(f"{length} {label} {path}: FAILED {type(err).__name__}: {err}", flush=True)
                 continue
