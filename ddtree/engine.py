@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -144,7 +145,8 @@ class SpeculativeEngine:
 
         # Prefill, and the first token by the target's own rule (a root-only verify).
         start = timer.now()
-        prompt = target.prefill(ids)
+        sink = _prompt_sink(target, drafter)
+        prompt = target.prefill(ids) if sink is None else target.prefill(ids, taps_sink=sink)
         bonus = self.verifier.verify(Tree.root(int(ids[-1])), prompt.logits[-1:], generator).bonus
         time_to_first_token = timer.now() - start
         drafter.reset(prompt)  # the draft prefill is not decode time, as in the papers
@@ -196,3 +198,12 @@ class SpeculativeEngine:
             round_ends=round_ends,
             rounds=rounds,
         )
+
+
+def _prompt_sink(target: Target, drafter: Drafter):
+    """The drafter's ``prompt_sink()`` where it has one and the target's prefill takes a
+    ``taps_sink`` (both optional parts of their protocols), else None."""
+    make = getattr(drafter, "prompt_sink", None)
+    if make is None or "taps_sink" not in inspect.signature(target.prefill).parameters:
+        return None
+    return make()

@@ -25,7 +25,11 @@ class Drafter(Protocol):
     hidden_layers: Sequence[int]
 
     def reset(self, prompt: TargetOutput) -> None:
-        """Start a new sequence: the draft prefill over the prompt's taps."""
+        """Start a new sequence: the draft prefill over the prompt's taps.
+
+        Optional: a drafter with ``prompt_sink()`` (returning a callable, or None) can take the
+        prompt's taps chunk by chunk while the target prefills (``Target.prefill(..., taps_sink=)``),
+        so the prompt's taps are never held whole; ``reset`` then gets the output without taps."""
 
     def draft(self, root_token: int) -> Draft:
         """Distributions for depths 1..L below ``root_token``, given everything accepted."""
@@ -82,6 +86,8 @@ class Target(Protocol):
     def lm_head(self, hidden: Tensor) -> Tensor: ...  # [..., hidden] -> [..., vocab], on output_device
 
     def prefill(self, input_ids: Tensor) -> TargetOutput: ...  # [T] -> logits of the last row
+    # Optional keyword ``taps_sink``: a callable given every prompt row's taps in order, in one or
+    # more ``[c, n_taps * hidden]`` chunks, instead of the output's ``taps`` (then None).
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput: ...  # logits [n, vocab]
 

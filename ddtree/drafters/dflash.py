@@ -14,6 +14,7 @@ rows and block-sparse FlexAttention reads only the live blocks (``ddtree.models.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -97,6 +98,7 @@ class DFlashDrafter:
         self._keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]
         self._values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]
         self._pending: Tensor | None = None
+        self._streamed = False  # the prompt's taps came through ``prompt_sink``
         self.length = 0  # committed tokens whose features are in the cache
         self._graph: tuple | None = None
         if attention not in ("auto", "dense", "flex"):
@@ -130,8 +132,27 @@ class DFlashDrafter:
         return cls(model, target, **kwargs)
 
     def reset(self, prompt: TargetOutput) -> None:
+        streamed, self._streamed = self._streamed, False
+        if streamed and prompt.taps is None:  # the prompt came through ``prompt_sink``: absorbed already
+            return
         self.length, self._pending = 0, prompt.taps
         self._absorb()  # the draft prefill over the prompt
+
+    def prompt_sink(self) -> Callable[[Tensor], None]:
+        """Start a sequence whose prompt taps arrive in chunks while the target prefills
+        (``Target.prefill(ids, taps_sink=...)``): each chunk's K/V go into the cache at once, so the
+        prompt's ``[T, n_taps * hidden]`` taps (5.4 GB for a 131K-token prompt of Qwen3-8B) never
+        exist whole. ``reset`` then takes the prefill's output, which has no taps.
+
+        >>> prompt = target.prefill(ids, taps_sink=drafter.prompt_sink()); drafter.reset(prompt)  # doctest: +SKIP
+        """
+        self.length, self._pending, self._streamed = 0, None, True
+
+        def absorb(taps: Tensor) -> None:  # [c, n_taps * hidden], the rows after those absorbed so far
+            self._pending = taps
+            self._absorb()
+
+        return absorb
 
     def _absorb(self) -> None:
         """Write the pending features' K/V after the committed rows (positions continue on)."""

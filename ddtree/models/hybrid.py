@@ -14,7 +14,7 @@ layers. Full-attention layers see the ancestor mask and positions ``past + depth
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -82,10 +82,10 @@ class HybridTarget(HFTarget):
         self._pending_parents: list[int] = []
 
     # -- the three calls the loop makes ------------------------------------------------------
-    def prefill(self, input_ids: Tensor) -> TargetOutput:
+    def prefill(self, input_ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
         """A normal forward over the prompt: it commits every prompt token, which is right."""
         self._pending = None
-        return super().prefill(input_ids)
+        return super().prefill(input_ids, taps_sink)
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         """Logits ``[n, vocab]`` (and taps) for every node; the GDN cache is not touched."""

@@ -31,7 +31,7 @@ import importlib.util
 import logging
 import contextlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -163,14 +163,14 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         super().set_taps(layers)
 
     # -- prefill: the model's own forward, then into the slabs ---------------------------------
-    def prefill(self, input_ids: Tensor) -> TargetOutput:
+    def prefill(self, input_ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
         ids = input_ids.reshape(1, -1)
         if ids.shape[1] > self.max_length:
             raise ValueError(
                 f"the prompt has {ids.shape[1]} tokens, more than the static cache's {self.max_length} rows: "
                 "raise max_length"
             )
-        out = super().prefill(ids)  # a DynamicCache, exactly as HybridTarget fills it
+        out = super().prefill(ids, taps_sink)  # a DynamicCache, exactly as HybridTarget fills it
         length = ids.shape[1]
         for slot, layer in enumerate(self.attention_layers):
             self.keys[slot, :, :length] = self.cache.layers[layer].keys[0]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ from ddtree.models import fused
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.folded_mask import FoldedMasks
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
-from ddtree.models.target import HFTarget
+from ddtree.models.target import HFTarget, to_sink
 from ddtree.types import TargetOutput, VerifyInputs
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,9 @@ class StaticTarget(FlexChoice, HFTarget):
                 )
         self._counters = [layer.cumulative_length for layer in self.cache.layers]
 
-    def prefill(self, input_ids: Tensor) -> TargetOutput:
+    def prefill(self, input_ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
+        """The prompt into the static cache; logits of its last row. With ``taps_sink`` the taps go
+        to it, on the chunked FlexAttention path one chunk at a time (never all rows at once)."""
         ids = input_ids.reshape(1, -1)
         n = ids.shape[1]
         if n > self.max_length:
@@ -148,26 +150,30 @@ class StaticTarget(FlexChoice, HFTarget):
         self.new_cache()
         self.past_length = 0
         if self._uses_flex(n):
-            out = self._chunked_prefill(ids)
+            out = self._chunked_prefill(ids, taps_sink)
         else:
-            out = self._forward(ids, torch.arange(n)[None], self.masks.prefill(n), logits_to_keep=1)
+            out = to_sink(self._forward(ids, torch.arange(n)[None], self.masks.prefill(n), logits_to_keep=1), taps_sink)
         self._check_cache()
         self.past_length = n
         return out
 
-    def _chunked_prefill(self, ids: Tensor) -> TargetOutput:
+    def _chunked_prefill(self, ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
         """The prompt ``ids`` ``[1, n]`` in chunks: the first ``n mod prefill_chunk`` rows under a
         dense causal mask of their own square size, then each chunk of ``prefill_chunk`` rows with
         FlexAttention over every row before it (one compiled kernel for every chunk). Logits of the
-        last row; taps ``[n, n_taps * hidden]`` of every row."""
+        last row; taps ``[n, n_taps * hidden]`` of every row, or, with ``taps_sink``, each chunk's
+        taps handed to it as the chunk is done (and none in the output)."""
         n, chunk = ids.shape[1], self.prefill_chunk
         head = n % chunk
         out, taps = None, None
 
         def keep(part: TargetOutput, start: int) -> TargetOutput:
-            """Each chunk's taps go straight into one ``[n, F]`` buffer: no list of chunks, no concatenation."""
+            """Each chunk's taps go to the sink, or straight into one ``[n, F]`` buffer: no list of
+            chunks, no concatenation."""
             nonlocal taps
-            if part.taps is not None:
+            if part.taps is not None and taps_sink is not None:
+                taps_sink(part.taps)
+            elif part.taps is not None:
                 if taps is None:
                     taps = part.taps.new_empty(n, part.taps.shape[-1])
                 taps[start : start + part.taps.shape[0]] = part.taps

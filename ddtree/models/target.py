@@ -9,7 +9,7 @@ moved explicitly; nothing assumes one device.
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +18,14 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ddtree.masks.tree import additive_tree_mask
 from ddtree.types import FINAL_NORM, TargetOutput, VerifyInputs
+
+
+def to_sink(out: TargetOutput, taps_sink: Callable[[Tensor], None] | None) -> TargetOutput:
+    """``out`` itself without a sink; else its taps handed to ``taps_sink`` and ``out`` without them."""
+    if taps_sink is None or out.taps is None:
+        return out
+    taps_sink(out.taps)
+    return TargetOutput(tokens=out.tokens, logits=out.logits, taps=None)
 
 
 def _text_config(model: PreTrainedModel):
@@ -111,15 +119,16 @@ class HFTarget:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
-    def prefill(self, input_ids: Tensor) -> TargetOutput:
-        """Start a sequence: a fresh cache filled with the prompt. Logits of the last row only."""
+    def prefill(self, input_ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
+        """Start a sequence: a fresh cache filled with the prompt. Logits of the last row only.
+        With ``taps_sink`` the prompt's taps go to it (here in one chunk) instead of the output."""
         ids = input_ids.reshape(1, -1)
         self.cache, self.past_length = self.new_cache(), 0
         positions = torch.arange(ids.shape[1])[None]
         out = self._forward(ids, positions, None, logits_to_keep=1)
         self._check_cache()
         self.past_length = ids.shape[1]
-        return out
+        return to_sink(out, taps_sink)
 
     def forward_tree(self, inputs: VerifyInputs) -> TargetOutput:
         """One forward over the tree: logits ``[n, vocab]`` and taps for every node."""

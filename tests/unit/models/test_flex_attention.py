@@ -238,3 +238,33 @@ def test_long_prompts_are_handed_on_in_chunks_with_the_same_result(tiny_models):
         drafter.reset(want)
     for root in (5, 9):
         torch.testing.assert_close(chunked.draft(root).log_probs, whole.draft(root).log_probs, atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("attention, chunk", [("flex", 32), ("dense", 4096)])
+def test_prompt_taps_stream_into_the_dflash_drafter(tiny_models, family, attention, chunk):
+    """The engine hands a DFlash drafter the prompt's taps chunk by chunk while the target prefills
+    (``prompt_sink``): the target never returns them whole (on the chunked path, no chunk is larger
+    than ``prefill_chunk``), the drafter's cache holds what a reset over the whole taps writes, and
+    the tokens are the target's greedy ones."""
+    from ddtree.testing import tiny_dflash_drafter
+
+    model = tiny_models[family]
+    prompt = (torch.arange(150) * 7) % 90 + 3
+    target = StaticTarget(model, max_length=256, cuda_graphs=False, attention=attention, prefill_chunk=chunk)
+    drafter = tiny_dflash_drafter(target)
+    target.set_taps(drafter.hidden_layers)
+    sink, rows = drafter.prompt_sink(), []
+    out = target.prefill(prompt, taps_sink=lambda taps: (rows.append(taps.shape[0]), sink(taps)))
+    drafter.reset(out)
+    assert out.taps is None and rows == ([150 % chunk] + [chunk] * (150 // chunk) if attention == "flex" else [150])
+    streamed = [k[:, :, :150].clone() for k in drafter._keys + drafter._values]
+    drafter.reset(target.prefill(prompt))  # the whole taps at once, as before
+    assert drafter.length == 150
+    for got, want in zip(streamed, drafter._keys + drafter._values):
+        torch.testing.assert_close(got, want[:, :, :150], atol=1e-6, rtol=1e-6)
+    used = []
+    drafter.prompt_sink = lambda make=drafter.prompt_sink: used.append(1) or make()
+    engine = SpeculativeEngine(target, drafter, BestFirstTreeBuilder(12), DenseMaskCompiler(), GreedyVerifier())
+    assert engine.generate(prompt, max_new_tokens=24).tokens == greedy_reference(model, prompt, 24)
+    assert used == [1]
