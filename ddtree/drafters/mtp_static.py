@@ -35,6 +35,8 @@ class StaticChain:
     >>> chain.draft(hidden, [root], length=41)   # [3, vocab] float32 log-probs     # doctest: +SKIP
     """
 
+    absorb_chunk = 1024  # pairs a prompt is absorbed in at a time (each chunk's mask: [c, rows before + c])
+
     def __init__(self, head: MTPHead, target, steps: int, max_length: int, graphs: bool) -> None:
         if steps < 1:
             raise ValueError(f"a chain drafts at least one step, got steps={steps}")
@@ -64,13 +66,19 @@ class StaticChain:
 
     def absorb(self, hidden: Tensor, tokens: Sequence[int], length: int) -> None:
         """Write the K/V of pairs ``hidden`` ``[n, H]`` (any n, e.g. a prompt's) at rows
-        ``length..length+n-1``, op by op, attending over exactly the rows before them."""
+        ``length..length+n-1``, op by op, attending over exactly the rows before them. In chunks of
+        ``absorb_chunk`` pairs, each under a causal mask of its own rows by the rows before them: a
+        prompt's mask is never ``[n, n]`` (34 GB in bf16 for 131K tokens)."""
         n = len(tokens)
         self._check_room(length + n)
-        positions = torch.arange(length, length + n, device=self.device)  # [n]
-        embeds = self._embed(torch.tensor(tokens, device=self.device))
-        mask = causal_mask(n, length, self.dtype, self.device)  # [1, 1, n, length + n]
-        self.head(embeds[None], hidden[None], positions[None], self.kv.at(positions, length + n), attention_mask=mask)
+        ids = torch.tensor(tokens, device=self.device)
+        for start in range(0, n, self.absorb_chunk):
+            stop, lo = min(start + self.absorb_chunk, n), length + start
+            count = stop - start
+            positions = torch.arange(lo, lo + count, device=self.device)  # [c]
+            mask = causal_mask(count, lo, self.dtype, self.device)  # [1, 1, c, lo + c]
+            self.head(self._embed(ids[start:stop])[None], hidden[start:stop][None], positions[None],
+                      self.kv.at(positions, lo + count), attention_mask=mask)
 
     def draft(self, hidden: Tensor, tokens: Sequence[int], length: int) -> Tensor:
         """Log-probs ``[steps, vocab]`` (float32) of the chain after ``length`` committed pairs and

@@ -173,6 +173,23 @@ def test_static_cache_drafts_equal_eager_and_decode_greedy(fitted, strategy):
     assert sum(taus) / len(taus) > 1.3, f"{family} {strategy}: the test needs multi-token acceptances"
 
 
+def test_static_cache_absorbs_a_prompt_in_chunks(fitted, monkeypatch):
+    """A prompt goes into the static cache ``absorb_chunk`` pairs at a time (no ``[n, n]`` mask):
+    with 3-pair chunks every draft still equals the eager drafter's and the tokens are greedy."""
+    from ddtree.drafters.mtp_static import StaticChain
+
+    monkeypatch.setattr(StaticChain, "absorb_chunk", 3)
+    family, model, target, head = fitted
+    steps, tree, top_k = STRATEGIES["mtp3"]
+    static = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=96, cuda_graphs=True)
+    twin = LockstepDrafter(static, MTPDrafter(head, target, steps=steps, top_k=top_k))
+    engine = SpeculativeEngine(target, twin, tree, DenseMaskCompiler(), GreedyVerifier())
+    for length, seed in PROMPTS:
+        prompt = _prompt(length, seed)
+        assert engine.generate(prompt, max_new_tokens=NEW_TOKENS).tokens == _greedy(model, prompt)
+    assert twin.rounds > 0
+
+
 def test_cuda_graphs_setting():
     model, target = TARGETS["qwen3"](num_layers=1)
     head = MTPHead.for_target(model)
