@@ -82,7 +82,7 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
         if name == "dflash":
             body = random_dflash_for(model, device=str(device), dtype=param.dtype)
             runs = {}
-            for graphs in (gpu, False):
+            for graphs in dict.fromkeys((gpu, False)):  # graphed and op by op; once off a GPU
                 drafter = DFlashDrafter(body, target, max_length=max_length, cuda_graphs=graphs, attention="dense")
                 target.set_taps(drafter.hidden_layers)
                 out = target.prefill(prompt)
@@ -102,7 +102,7 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
             tokens = prompt[-(args.mtp_steps + 1):].tolist()
             length = prompt.numel()
             runs = {}
-            for graphs in (gpu, False):
+            for graphs in dict.fromkeys((gpu, False)):  # graphed and op by op; once off a GPU
                 chain = StaticChain(head, target, args.mtp_steps, max_length, graphs=graphs)
                 runs[graphs] = lambda chain=chain: chain.draft(hidden, tokens, length)
         ms = []

@@ -171,12 +171,14 @@ class StaticTarget(FlexChoice, HFTarget):
             """Each chunk's taps go to the sink, or straight into one ``[n, F]`` buffer: no list of
             chunks, no concatenation."""
             nonlocal taps
-            if part.taps is not None and taps_sink is not None:
+            if part.taps is None:
+                return part
+            if taps_sink is not None:
                 taps_sink(part.taps)
-            elif part.taps is not None:
-                if taps is None:
-                    taps = part.taps.new_empty(n, part.taps.shape[-1])
-                taps[start : start + part.taps.shape[0]] = part.taps
+                return part
+            if taps is None:
+                taps = part.taps.new_empty(n, part.taps.shape[-1])
+            taps[start : start + part.taps.shape[0]] = part.taps
             return part
 
         if head:
