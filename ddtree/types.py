@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -70,13 +71,17 @@ class Tree:
     def ancestors(self) -> Tensor:  # [n, n] bool
         """``a[i, j]`` is True when j is i or an ancestor of i (row i = row parent(i) | e_i)."""
         n = self.size
-        anc = torch.eye(n, dtype=torch.bool)
-        rows, node = torch.arange(n), torch.arange(n)
+        # In numpy, on one thread: torch parallelises a CPU op past 32K elements (from 182 nodes on),
+        # and where its pool has more threads than free cores the wake-ups cost more than the work
+        # (257 nodes, 16 threads on 2 cores: 0.29 ms against 0.13 on one thread). numpy: 0.05 ms.
+        step = self.parents.cpu().numpy().clip(min=0)  # the root (parent -1) climbs to itself
+        anc = np.eye(n, dtype=bool)
+        rows, node = np.arange(n), np.arange(n)
         # Climb one level per step for every node at once: depth steps, not n Python iterations.
         for _ in range(int(self.depths.max())):
-            node = torch.where(node > 0, self.parents[node].clamp(min=0), node)
+            node = step[node]
             anc[rows, node] = True
-        return anc
+        return torch.from_numpy(anc)
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root down to ``node``."""
