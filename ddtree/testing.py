@@ -350,6 +350,16 @@ def conditional_generation_twin(model):
     return wrapped.eval()
 
 
+def prefix_and_block_mask(past: int, visible: torch.Tensor, length: int) -> torch.Tensor:
+    """The bool ``[n, length]`` mask a verify's layout stands for: rows below ``past`` all visible, the
+    block's own rows through ``visible`` ``[n, n]``, nothing past them."""
+    n = visible.shape[0]
+    mask = torch.zeros(n, length, dtype=torch.bool, device=visible.device)
+    mask[:, :past] = True
+    mask[:, past : past + n] = visible
+    return mask
+
+
 def random_tree_visibility(n: int, generator: torch.Generator) -> torch.Tensor:
     """The ``[n, n]`` bool ancestor mask of a random tree numbered parents first (row i: i and its ancestors)."""
     visible = torch.zeros(n, n, dtype=torch.bool)

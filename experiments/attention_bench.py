@@ -11,6 +11,10 @@ fails is recorded with its error:
 
 - ``flex``: what the fast path runs now: ``ddtree.models.flex_attention.attend`` over the cache
   buffer with the ``FlexLayout`` of P and an ``[n, n]`` tree visibility (prefix and tree block in one).
+- ``split``: what the fast path runs for 2 to 512 queries in bf16/fp16 with ``attention=auto``
+  (``ddtree.models.split_attention``): the prefix through the variable-length flash kernel in
+  segments, the tree block in tensor math, merged by log-sum-exps (for one query it is timed as
+  if it served one).
 - ``sdpa``: ``scaled_dot_product_attention`` over the prefix alone, the query heads of each K/V
   head folded into the query length (no mask, no copy of K/V): the flash kernel's time for the
   prefix part of a split, without its log-sum-exp.
@@ -35,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree.metrics.timer import graphed_us
+from ddtree.models import split_attention
 from ddtree.models.flex_attention import FlexLayout, attend
 
 READ_BANDWIDTH = 3.35e12  # bytes/s: an H100 SXM's HBM3 (the H200: 4.8e12)
@@ -46,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 65, 257])
     p.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], metavar=("Q", "KV", "DIM"))
     p.add_argument("--segment", type=int, default=4096, help="split_flash: rows per segment of the prefix")
-    p.add_argument("--candidates", nargs="+", default=["flex", "sdpa", "flash_lse", "split_flash"])
+    p.add_argument("--candidates", nargs="+", default=["flex", "split", "sdpa", "flash_lse", "split_flash"])
+    p.add_argument("--buffer", type=int, default=None,
+                   help="rows of the K/V buffers (a fast path's static cache, e.g. 132000); default: prefix + n")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
@@ -74,7 +81,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return (weight[..., None] * out.float()).sum(0) / weight.sum(0)[..., None]
 
 
-def candidates(q, keys, values, past: int, n: int, segment: int, layout: FlexLayout):
+def candidates(q, keys, values, past: int, n: int, segment: int, layout: FlexLayout, split: FlexLayout):
     """name -> a no-argument call, for ``q`` ``[1, Hq, n, d]`` over buffers ``[1, Hkv, L, d]``."""
     hkv, d = keys.shape[1], keys.shape[3]
     groups = q.shape[1] // hkv
@@ -91,6 +98,7 @@ def candidates(q, keys, values, past: int, n: int, segment: int, layout: FlexLay
 
     return {
         "flex": lambda: attend(q, keys, values, layout.block_mask),
+        "split": lambda: attend(q, keys, values, split.block_mask),
         "sdpa": lambda: F.scaled_dot_product_attention(folded, k, v),
         "flash_lse": lambda: torch.ops.aten._scaled_dot_product_flash_attention(folded, k, v)[:2],
         "split_flash": split_flash,
@@ -103,11 +111,12 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("experiments/attention_bench.py times GPU kernels: no CUDA device is visible")
     hq, hkv, d = args.heads
+    split_attention.SPLIT_MIN_QUERIES = 1  # time the split for one query too (the fast path may not use it there)
     device, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device).manual_seed(0)
     rows = []
     for past in args.prefixes:
-        length = past + max(args.sizes)
+        length = max(past + max(args.sizes), args.buffer or 0)
         keys = torch.randn(1, hkv, length, d, device=device, dtype=dtype, generator=gen)
         values = torch.randn_like(keys)
         floor_us = 1e6 * 2 * past * hkv * d * keys.element_size() / READ_BANDWIDTH
@@ -115,8 +124,10 @@ def main(argv=None) -> None:
             q = torch.randn(1, hq, n, d, device=device, dtype=dtype, generator=gen)
             layout = FlexLayout(n, length, device)
             layout.set(past, torch.ones(n, n, dtype=torch.bool, device=device).tril())
+            split = FlexLayout(n, length, device, split=True)
+            split.set(past, layout.visible)
             row = {"prefix": past, "n": n, "kv_read_floor_us": floor_us}
-            for name, fn in candidates(q, keys, values, past, n, args.segment, layout).items():
+            for name, fn in candidates(q, keys, values, past, n, args.segment, layout, split).items():
                 if name not in args.candidates:
                     continue
                 try:
@@ -134,7 +145,8 @@ def main(argv=None) -> None:
             print(json.dumps(row), flush=True)
             if args.out is not None:
                 args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(device), "heads": args.heads,
-                                                "segment": args.segment, "rows": rows}, indent=1))
+                                                "segment": args.segment, "buffer": args.buffer, "rows": rows},
+                                               indent=1))
         del keys, values
     print("\nus per layer, graphed; (call by call) where a graph could not hold it")
     print("\n| prefix | n | K/V read floor us | " + " | ".join(args.candidates) + " |")

@@ -103,13 +103,16 @@ class DFlashDrafter:
         self._graph: tuple | None = None
         if attention not in ("auto", "dense", "flex"):
             raise ValueError(f"attention={attention!r}: choose one of auto, dense, flex")
+        split = attention == "auto"  # auto: the context through a flash kernel where it runs (split_attention)
         if attention == "auto":
             attention = "flex" if self.cuda_graphs and self.max_length > flex_threshold else "dense"
-        self._layout = self._flex_layout() if attention == "flex" else None  # the block over the buffers
+        self._layout = self._flex_layout(split) if attention == "flex" else None  # the block over the buffers
 
-    def _flex_layout(self) -> FlexLayout | None:
+    def _flex_layout(self, split: bool = False) -> FlexLayout | None:
         """The block's layout (every block row sees the committed rows and the whole block), compiled
-        once on CUDA; None, with a warning, where FlexAttention does not compile."""
+        once on CUDA; None, with a warning, where FlexAttention does not compile. With ``split`` the
+        context goes through a flash kernel and the block through tensor math, merged by their
+        log-sum-exps, where those run (``ddtree.models.split_attention``)."""
         if self.device.type == "cuda":
             try:
                 flex_attention.probe(self.dtype, self.device)
@@ -117,7 +120,7 @@ class DFlashDrafter:
                 log.warning("FlexAttention does not compile here (%s: %s); the DFlash drafter keeps its dense mask",
                             type(err).__name__, (str(err).splitlines() or [""])[0])
                 return None
-        layout = FlexLayout(self.block_size, self.max_length, self.device)
+        layout = FlexLayout(self.block_size, self.max_length, self.device, split=split)
         layout.visible.fill_(True)
         return layout
 

@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from ddtree.models import split_attention
+
 log = logging.getLogger(__name__)
 ATTENTIONS = ("auto", "dense", "flex")
 KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
@@ -61,8 +63,8 @@ class FlexLayout:
     (1, 1, 1)
     """
 
-    def __init__(self, n: int, kv_length: int, device: torch.device) -> None:
-        self.n, self.kv_length = n, kv_length
+    def __init__(self, n: int, kv_length: int, device: torch.device, split: bool = False) -> None:
+        self.n, self.kv_length, self.split = n, kv_length, split
         q_blocks, kv_blocks = math.ceil(n / KV_BLOCK), math.ceil(kv_length / KV_BLOCK)
         self.past = torch.zeros((), dtype=torch.long, device=device)  # P
         self.visible = torch.zeros(n, n, dtype=torch.bool, device=device)  # [n, n]
@@ -79,6 +81,7 @@ class FlexLayout:
             mask_mod=visibility_mask_mod(self.past, self.visible), seq_lengths=(n, kv_length),
             compute_q_blocks=False,  # forward only
         )
+        self.block_mask.layout = self  # what ``attend`` reads for a split (``ddtree.models.split_attention``)
 
     def refresh(self) -> None:
         """Rewrite the block tables and ``rows`` from ``past`` (device ops, no host sync: graph-safe).
@@ -171,6 +174,14 @@ def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, sca
             warnings.simplefilter("ignore", UserWarning)
             return flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     props = torch.cuda.get_device_properties(query.device)
+    layout = getattr(block_mask, "layout", None)
+    if layout is not None and layout.split and split_attention.splits(query, key):
+        segments = split_attention.segments_for(query.shape[2], groups, key.shape[1], key.shape[2],
+                                                props.multi_processor_count)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            if split_attention.serves(query, key, segments):
+                return split_attention.split_attend(query, key, value, layout.past, layout.rows, layout.visible,
+                                                    scale, segments=segments)
     options = kernel_options(query.shape[2], groups, query.dtype, (props.major, props.minor), head_dim=query.shape[-1],
                              kv_length=key.shape[2], kv_heads=key.shape[1], sms=props.multi_processor_count)
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
@@ -196,6 +207,7 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     q = torch.ones(1, 4, 2, 16, dtype=dtype, device=device)
     kv = torch.ones(1, 2, 2 * KV_BLOCK, 16, dtype=dtype, device=device)
     attend(q, kv, kv, layout.block_mask)
+    split_attention.probe(dtype, device)  # the split's flash kernel and merge: on where they run
 
 
 class FlexChoice:
@@ -243,8 +255,8 @@ class FlexChoice:
         return True
 
     def _layout(self, n: int) -> FlexLayout:
-        if n not in self._layouts:
-            self._layouts[n] = FlexLayout(n, self.max_length, self.input_device)
+        if n not in self._layouts:  # auto: the prefix/block split where it serves (split_attention)
+            self._layouts[n] = FlexLayout(n, self.max_length, self.input_device, split=self.attention == "auto")
         return self._layouts[n]
 
     @staticmethod

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from ddtree import SpeculativeEngine
 from ddtree.drafters import DFlashDrafter, NullDrafter
 from ddtree.masks import DenseMaskCompiler
+from ddtree.models import split_attention
 from ddtree.models.flex_attention import FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import check_budget_sequence, fp32_cuda_pair, random_tree_visibility
+from ddtree.testing import check_budget_sequence, fp32_cuda_pair, prefix_and_block_mask, random_tree_visibility
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
@@ -48,12 +49,43 @@ def test_compiled_kernel_equals_dense_sdpa_on_random_trees(n, heads, dtype, tol)
         vis = random_tree_visibility(n, gen)
         layout.set(past, vis.cuda())
         q = torch.randn(1, q_heads, n, dim, generator=gen).to("cuda", dtype)
-        dense = torch.zeros(n, length, dtype=torch.bool)
-        dense[:, :past] = True
-        dense[:, past : past + n] = vis
-        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=dense.cuda(), enable_gqa=True)
+        dense = prefix_and_block_mask(past, vis, length).cuda()
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=dense, enable_gqa=True)
         out = attend(q, k, v, layout.block_mask)
         torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [2, 5, 16, 65, 257])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (24, 4, 256), (4, 2, 16)])
+def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads, dtype):
+    """The flash-kernel split of a layout with ``split`` on, captured once in a CUDA graph and replayed
+    at other prefix lengths (P and the visibility rewritten in place), against float32 dense SDPA of
+    the same inputs; tolerance 2e-2, FlexAttention's in bf16 (the test above)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    q_heads, kv_heads, dim = heads
+    length = 3000
+    gen = torch.Generator().manual_seed(n)
+    layout = FlexLayout(n, length, torch.device("cuda"), split=True)
+    k, v = (torch.randn(1, kv_heads, length, dim, generator=gen).to("cuda", dtype) for _ in range(2))
+    q = torch.empty(1, q_heads, n, dim, device="cuda", dtype=dtype)
+    layout.set(1000, torch.ones(n, n, dtype=torch.bool).tril().cuda())
+    assert split_attention.probe(dtype, q.device) and split_attention.splits(q, k)
+    q.normal_()
+    attend(q, k, v, layout.block_mask)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layout.refresh()
+        out = attend(q, k, v, layout.block_mask)
+    for past in (0, 1, 127, 128, 1000, length - n):
+        vis = random_tree_visibility(n, gen)
+        layout.past.fill_(past)
+        layout.visible.copy_(vis)
+        q.copy_(torch.randn(1, q_heads, n, dim, generator=gen))
+        graph.replay()
+        dense = prefix_and_block_mask(past, vis, length).cuda()
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=dense, enable_gqa=True)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
 def test_one_graph_per_size_serves_every_prefix_length(setup):

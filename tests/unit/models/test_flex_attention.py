@@ -20,19 +20,10 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import flex_attention as fa
 from ddtree.models.flex_attention import KV_BLOCK, FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import greedy_reference, random_tree_visibility, tree_logits
+from ddtree.testing import greedy_reference, prefix_and_block_mask, random_tree_visibility, tree_logits
 from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
 from ddtree.types import Draft, Verification
 from ddtree.verifiers import GreedyVerifier
-
-
-def _dense(past: int, vis: torch.Tensor, length: int) -> torch.Tensor:
-    """The ``[n, length]`` bool mask the layout stands for."""
-    n = vis.shape[0]
-    mask = torch.zeros(n, length, dtype=torch.bool)
-    mask[:, :past] = True
-    mask[:, past : past + n] = vis
-    return mask
 
 
 @settings(max_examples=25, deadline=None)
@@ -46,7 +37,8 @@ def test_flex_equals_dense_sdpa_on_random_trees(n, past, kv_heads, groups, seed)
     layout.set(past, vis)
     q = torch.randn(1, kv_heads * groups, n, 16, generator=gen)
     k, v = (torch.randn(1, kv_heads, length, 16, generator=gen) for _ in range(2))
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=_dense(past, vis, length), enable_gqa=True)
+    mask = prefix_and_block_mask(past, vis, length)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(attend(q, k, v, layout.block_mask), expected, atol=1e-5, rtol=1e-5)
     assert layout.rows.tolist() == list(range(past, past + n))
 
@@ -70,7 +62,7 @@ def test_block_tables_list_every_visible_key_and_nothing_past_the_block(n, past,
     vis = random_tree_visibility(n, gen)
     layout = FlexLayout(n, length, torch.device("cpu"))
     layout.set(past, vis)
-    dense = _dense(past, vis, length)  # [n, length]
+    dense = prefix_and_block_mask(past, vis, length)  # [n, length]
     full, partial = _readable(layout, full=True), _readable(layout, full=False)
     assert not (full & partial).any()
     end = math.ceil((past + n) / KV_BLOCK) * KV_BLOCK
@@ -96,7 +88,8 @@ def test_compiled_cpu_kernel_reads_the_tables_and_follows_p_in_place():
             layout.set(past, vis)
             with torch.inference_mode():
                 out = compiled(q, k, v, block_mask=layout.block_mask, enable_gqa=True)
-            expected = F.scaled_dot_product_attention(q, k, v, attn_mask=_dense(past, vis, 700), enable_gqa=True)
+            mask = prefix_and_block_mask(past, vis, 700)
+            expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
             torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     except (RuntimeError, ImportError, OSError) as err:  # no C++ compiler: nothing to check here
         if "ompil" not in str(err):

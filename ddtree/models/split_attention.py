@@ -1,0 +1,244 @@
+"""A verify's attention at long context in two parts, merged by their log-sum-exps.
+
+Every query of a verify (or of a DFlash block) sees the whole committed prefix, rows [0, P), and,
+among its own rows P..P+n-1, those its ``[n, n]`` visibility allows. The prefix part needs no mask,
+so a stock flash kernel can read it; the block part is ``n x n``, small enough for plain tensor math.
+Each part returns its output and its log-sum-exp per query row, and the exact softmax over both is
+
+    out = (e^(lse_1 - m) out_1 + e^(lse_2 - m) out_2) / (e^(lse_1 - m) + e^(lse_2 - m)),  m = max(lse_1, lse_2).
+
+The prefix runs through ``aten._flash_attention_forward``'s variable-length form, which reads the
+sequence boundaries from a device tensor: P is never a shape, so one CUDA graph per n serves every
+prefix length, as FlexAttention's block tables do (``ddtree.models.flex_attention``). The query heads
+of a K/V head are folded into the query rows (head ``j * groups + i``, token t -> row ``i * n + t``
+of K/V head j), and the prefix is cut into S segments that run as S sequences of a batch, so a short
+query still spreads over the GPU (flash-decoding's split over keys, with stock kernels).
+
+The flash kernel takes bf16 and fp16 only: float32 verifies, the CPU, and query blocks of more than
+``SPLIT_MAX_QUERIES`` rows (prefill chunks: their block part would be large) stay on FlexAttention.
+``split_attend`` takes the prefix kernel as an argument, so the tests run the whole computation
+(segments, folding, masking, merge) on the CPU with ``prefix_reference``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SPLIT_MAX_QUERIES = 512  # longer query blocks (prefill chunks) keep FlexAttention
+# One query (an AR step) stays on FlexAttention's decoding kernel, faster there on one H100 (graphed,
+# Qwen3-8B heads over a 132K-row buffer: 45 / 65 / 196 us against the split's 58 / 97 / 248 at 8K / 32K / 128K).
+SPLIT_MIN_QUERIES = 2
+SEGMENT_MIN_ROWS = 512  # a segment of the prefix spans at least this many buffer rows
+M_BLOCK = 128  # query rows per flash program (sizing the split)
+
+PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
+
+
+def segments_for(n: int, groups: int, kv_heads: int, kv_length: int, sms: int) -> int:
+    """How many segments the prefix of a ``kv_length``-row buffer is cut into for n queries: enough
+    programs for two per multiprocessor (K/V heads x query blocks x segments), none shorter than
+    ``SEGMENT_MIN_ROWS`` rows of the buffer.
+
+    >>> segments_for(1, 4, 8, 132000, 132), segments_for(65, 4, 8, 132000, 132), segments_for(257, 4, 8, 132000, 132)
+    (33, 11, 4)
+    """
+    programs = kv_heads * math.ceil(groups * n / M_BLOCK)
+    return max(1, min(math.ceil(2 * sms / programs), math.ceil(kv_length / SEGMENT_MIN_ROWS)))
+
+
+def _lse_by_segment(lse: Tensor, segments: int, kv_heads: int, rows: int) -> Tensor:
+    """A variable-length flash call's log-sum-exp as ``[S, Hkv, rows]`` float32: ``[Hkv, S * rows]``
+    (packed, newer kernels) or ``[S, Hkv, rows]`` (padded, older ones)."""
+    if lse.dim() == 2:
+        return lse.view(kv_heads, segments, rows).transpose(0, 1).float()
+    return lse[..., :rows].float()
+
+
+def prefix_flash(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, starts: Tensor, used: Tensor, rows: int,
+                 max_k: int, scale: float) -> tuple[Tensor, Tensor]:
+    """S sequences of ``rows`` queries each (``q`` ``[S * rows, Hkv, d]``, boundaries ``cu_q``), sequence
+    s over the ``used[s]`` keys from row ``starts[s]`` of ``k``/``v`` ``[L, Hkv, d]`` (``starts``
+    ``[S + 1]`` and ``used`` ``[S]``, int32 on the device): the outputs ``[S * rows, Hkv, d]`` and
+    log-sum-exps ``[S, Hkv, rows]`` (float32). Every ``used[s]`` is kept at least 1, so no sequence
+    takes the kernel's early exit for empty keys: wrong results on an H100 came only from calls with
+    empty sequences (see ``serves``)."""
+    out, lse = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, starts, rows, max_k, 0.0, False, False,
+                                                       scale=scale, seqused_k=used)[:2]
+    return out, _lse_by_segment(lse, cu_q.numel() - 1, k.shape[1], rows)
+
+
+def prefix_reference(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, starts: Tensor, used: Tensor, rows: int,
+                     max_k: int, scale: float) -> tuple[Tensor, Tensor]:
+    """``prefix_flash`` in plain tensor math (any device and dtype; host reads of the boundaries):
+    the tests' stand-in for the flash kernel. A sequence with no keys gives zeros and a log-sum-exp
+    of -inf."""
+    segments, kv_heads, d = cu_q.numel() - 1, k.shape[1], k.shape[2]
+    first, count = starts.tolist(), used.tolist()
+    outs, lses = [], []
+    for s in range(segments):
+        qs = q[s * rows : (s + 1) * rows].transpose(0, 1).float()  # [Hkv, rows, d]
+        ks = k[first[s] : first[s] + count[s]].transpose(0, 1).float()
+        vs = v[first[s] : first[s] + count[s]].transpose(0, 1).float()
+        if ks.shape[1] == 0:
+            outs.append(torch.zeros(rows, kv_heads, d, dtype=q.dtype, device=q.device))
+            lses.append(torch.full((kv_heads, rows), -math.inf, device=q.device))
+            continue
+        scores = qs @ ks.transpose(-1, -2) * scale
+        lse = scores.logsumexp(-1)
+        outs.append(((scores - lse[..., None]).exp() @ vs).transpose(0, 1).to(q.dtype))
+        lses.append(lse)
+    return torch.cat(outs), torch.stack(lses)
+
+
+def block_and_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,
+                    lengths: Tensor, scale: float) -> Tensor:
+    """The block part and the merge. ``folded`` ``[Hkv, rows, d]`` queries (rows = groups x n), the
+    block's ``keys``/``values`` ``[Hkv, n, d]``, ``visible`` ``[n, n]`` bool, the prefix segments'
+    ``out`` ``[S, Hkv, rows, d]`` and ``lse`` ``[S, Hkv, rows]`` with their key counts ``lengths``
+    ``[S]``: the attention output ``[Hkv, rows, d]`` (float32)."""
+    n = keys.shape[1]
+    scores = folded.float() @ keys.float().transpose(-1, -2) * scale  # [Hkv, rows, n]
+    seen = visible.repeat(folded.shape[1] // n, 1)  # row i * n + t sees what token t sees
+    scores = scores.masked_fill(~seen, -math.inf)
+    block_lse = scores.logsumexp(-1)  # finite: every token sees itself
+    block_out = (scores - block_lse[..., None]).exp() @ values.float()
+    lse = torch.where(lengths[:, None, None] > 0, lse, -math.inf)  # an empty segment adds nothing
+    top = torch.maximum(lse.max(0).values, block_lse)
+    weight, block_weight = (lse - top).exp(), (block_lse - top).exp()
+    total = (weight[..., None] * out.float().nan_to_num()).sum(0) + block_weight[..., None] * block_out
+    return total / (weight.sum(0) + block_weight)[..., None]
+
+
+_MERGE: list[Callable] = []
+
+
+def _merge_kernel(device: torch.device) -> Callable:
+    """``block_and_merge``, compiled once on CUDA (a few fused kernels instead of a dozen launches a
+    layer); the plain function where it does not compile, and elsewhere."""
+    if device.type != "cuda":
+        return block_and_merge
+    if not _MERGE:
+        _MERGE.append(torch.compile(block_and_merge, dynamic=False, fullgraph=True))
+    return _MERGE[0]
+
+
+def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: Tensor, visible: Tensor,
+                 scale: float | None = None, segments: int = 1, prefix: PrefixKernel = prefix_flash,
+                 merge: Callable | None = None) -> Tensor:
+    """``query`` ``[1, Hq, n, d]`` at rows ``rows`` (P..P+n-1, their keys already in the buffers)
+    over ``key``/``value`` ``[1, Hkv, L, d]``: rows below ``past`` (P, a 0-dim device tensor) are
+    all visible, the block's own through ``visible`` ``[n, n]``. Returns ``[1, Hq, n, d]``; no host
+    read of P, no shape depends on it (graph-safe with ``prefix_flash``)."""
+    _, q_heads, n, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = q_heads // kv_heads
+    m = groups * n
+    scale = d**-0.5 if scale is None else scale
+    folded = query[0].reshape(kv_heads, m, d)  # head j * groups + i, token t -> row i * n + t of head j
+    device = query.device
+    # Segment s covers prefix rows [s * c, (s + 1) * c) cut at P, c = ceil(P / S). A segment that
+    # the cut leaves empty (P < S * c) reads row P - 1 instead, and the merge drops it (length 0).
+    # With ``prefix_flash`` no sequence is empty: see there.
+    chunk = torch.div(past + segments - 1, segments, rounding_mode="floor")
+    bounds = (torch.arange(segments + 1, device=device) * chunk).clamp(max=past)
+    lengths = bounds.diff()
+    starts = torch.minimum(bounds, (past - 1).clamp(min=0)).to(torch.int32)  # P = 0: row 0, dropped too
+    used = lengths.clamp(min=1).to(torch.int32)
+    cu_q = torch.arange(0, (segments + 1) * m, m, device=device, dtype=torch.int32)
+    packed = folded.transpose(0, 1)  # [m, Hkv, d]
+    packed = packed.unsqueeze(0).expand(segments, m, kv_heads, d).reshape(segments * m, kv_heads, d)
+    out, lse = prefix(packed, key[0].transpose(0, 1), value[0].transpose(0, 1), cu_q, starts, used, m, length, scale)
+    out = out.view(segments, m, kv_heads, d).transpose(1, 2)  # [S, Hkv, m, d]
+    block_k, block_v = key[0].index_select(1, rows), value[0].index_select(1, rows)  # [Hkv, n, d]
+    merged = (merge or _merge_kernel(device))(folded, block_k, block_v, visible, out, lse, lengths, scale)
+    return merged.to(query.dtype).reshape(1, q_heads, n, d)
+
+
+def splits(query: Tensor, key: Tensor) -> bool:
+    """Whether ``split_attend`` (the flash kernel) serves these shapes here: CUDA at sm_80 or newer,
+    bf16/fp16, a head dim the kernel takes, ``SPLIT_MIN_QUERIES`` to ``SPLIT_MAX_QUERIES`` queries."""
+    if query.device.type != "cuda" or query.dtype not in (torch.bfloat16, torch.float16) or not _STATE["on"]:
+        return False
+    n, d = query.shape[2], query.shape[3]
+    return (SPLIT_MIN_QUERIES <= n <= SPLIT_MAX_QUERIES and d <= 256 and d % 8 == 0
+            and torch.cuda.get_device_capability(query.device)[0] >= 8)
+
+
+_STATE = {"on": True, "probed": False}
+_SERVES: dict[tuple, bool] = {}  # (n, Hq, Hkv, d, dtype, segments) -> whether the kernel agreed with the reference
+
+
+def _agrees(q: Tensor, k: Tensor, v: Tensor, past: int, visible: Tensor, segments: int) -> float:
+    """The largest difference between ``split_attend`` and its plain-math reference on these tensors."""
+    rows = torch.arange(past, past + q.shape[2], device=q.device)
+    p = torch.tensor(past, device=q.device)
+    got = split_attend(q, k, v, p, rows, visible, segments=segments)
+    want = split_attend(q, k, v, p, rows, visible, segments=segments, prefix=prefix_reference, merge=block_and_merge)
+    return (got.float() - want.float()).abs().max().item()
+
+
+def serves(query: Tensor, key: Tensor, segments: int) -> bool:
+    """Whether the split gives the reference's result at this shape (n queries of Hq heads over Hkv,
+    head dim, dtype, segments), tried once per shape on random tensors of a 3K-row buffer at its first
+    use (a graph's warm-up, never inside a capture), P = 0 and 1 among the lengths tried. On one H100,
+    while empty sequences still reached the kernel, 6 of 30 shapes (head dim 256 with 390 or more
+    folded rows, head dim 16 with 514) gave wrong outputs in a test whose prefix lengths included
+    P = 1 (five of six segments empty), and the kernel alone was right on those shapes with no empty
+    segment; the early exit is the suspect (``prefix_flash``). A shape this refuses stays on
+    FlexAttention and is logged once."""
+    _, q_heads, n, d = query.shape
+    kv_heads = key.shape[1]
+    shape = (n, q_heads, kv_heads, d, query.dtype, segments)
+    if shape not in _SERVES:
+        gen = torch.Generator(query.device).manual_seed(n)
+        length = 3000 + n
+        q = torch.randn(1, q_heads, n, d, device=query.device, dtype=query.dtype, generator=gen)
+        k, v = (torch.randn(1, kv_heads, length, d, device=query.device, dtype=query.dtype, generator=gen)
+                for _ in range(2))
+        visible = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+        try:
+            error = max(_agrees(q, k, v, past, visible, segments) for past in (0, 1, 777, length - n))
+        except Exception as err:  # a kernel that refuses the shape
+            error, reason = math.inf, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        else:
+            reason = f"differs from the reference by {error:.3g}"
+        _SERVES[shape] = error < 0.05
+        if not _SERVES[shape]:
+            log.warning("split attention for %d queries (%d over %d heads of %d, %s, %d segments) %s: "
+                        "FlexAttention serves them", n, q_heads, kv_heads, d, query.dtype, segments, reason)
+    return _SERVES[shape]
+
+
+def probe(dtype: torch.dtype, device: torch.device) -> bool:
+    """Run ``split_attend`` once on small tensors against ``prefix_reference`` (flash kernel and compiled
+    merge alike, before any graph capture); where it fails or disagrees, split attention is switched
+    off for the process, with a warning, and FlexAttention serves every verify. Returns whether it is on."""
+    if _STATE["probed"] or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return _STATE["on"]
+    _STATE["probed"] = True
+    gen = torch.Generator(device).manual_seed(0)
+    n, past, length = 5, 300, 640
+    q = torch.randn(1, 4, n, 64, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(1, 2, length, 64, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(1, 2, length, 64, device=device, dtype=dtype, generator=gen)
+    visible = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    rows = torch.arange(past, past + n, device=device)
+    p = torch.tensor(past, device=device)
+    try:
+        got = split_attend(q, k, v, p, rows, visible, segments=3)
+        want = split_attend(q, k, v, p, rows, visible, segments=1, prefix=prefix_reference, merge=block_and_merge)
+        error = (got.float() - want.float()).abs().max().item()
+        if not error < 0.05:
+            raise ValueError(f"differs from the reference by {error:.3g}")
+    except Exception as err:  # a missing kernel, a compiler failure, or another layout of its results
+        log.warning("split attention (a flash kernel over the prefix) does not run here (%s: %s); FlexAttention "
+                    "serves every verify", type(err).__name__, (str(err).splitlines() or [""])[0])
+        _STATE["on"] = False
+    return _STATE["on"]

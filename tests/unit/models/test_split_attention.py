@@ -1,0 +1,79 @@
+"""The prefix/block split of a verify's attention (``ddtree.models.split_attention``) in fp32 on the
+CPU, with ``prefix_reference`` in the flash kernel's place: segments, folding, masks and the merge
+equal one dense softmax. The flash kernel itself is compared on a GPU (tests/gpu/test_long_context.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree.models import split_attention as sa
+from ddtree.testing import prefix_and_block_mask, random_tree_visibility
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 40), past=st.integers(0, 700), kv_heads=st.sampled_from([1, 2, 4]),
+       groups=st.sampled_from([1, 2, 3]), segments=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_split_equals_dense_attention_on_random_trees(n, past, kv_heads, groups, segments, seed):
+    gen = torch.Generator().manual_seed(seed)
+    length = past + n + int(torch.randint(0, 100, (), generator=gen))
+    vis = random_tree_visibility(n, gen)
+    q = torch.randn(1, kv_heads * groups, n, 16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, 16, generator=gen) for _ in range(2))
+    mask = prefix_and_block_mask(past, vis, length)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, segments=segments,
+                          prefix=sa.prefix_reference)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_segments_the_cut_leaves_empty_read_a_real_row_and_add_nothing():
+    """No sequence reaches the kernel empty (its early exit is not trusted): an empty segment reads
+    row P - 1 (row 0 at P = 0), and the merge drops it."""
+    seen = []
+
+    def recording(q, k, v, cu_q, starts, used, rows, max_k, scale):
+        seen.append((starts.tolist(), used.tolist()))
+        return sa.prefix_reference(q, k, v, cu_q, starts, used, rows, max_k, scale)
+
+    gen = torch.Generator().manual_seed(1)
+    for past in (0, 2, 9):
+        n, length = 2, 20
+        vis = torch.ones(n, n, dtype=torch.bool).tril()
+        q = torch.randn(1, 2, n, 8, generator=gen)
+        k, v = (torch.randn(1, 1, length, 8, generator=gen) for _ in range(2))
+        mask = prefix_and_block_mask(past, vis, length)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, segments=4,
+                              prefix=recording)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert seen == [([0, 0, 0, 0, 0], [1, 1, 1, 1]), ([0, 1, 1, 1, 1], [1, 1, 1, 1]), ([0, 3, 6, 8, 8], [3, 3, 3, 1])]
+
+
+def test_empty_segments_add_nothing_and_the_scale_is_passed_on():
+    gen = torch.Generator().manual_seed(0)
+    n, past, length = 3, 2, 16  # 7 segments of a 2-row prefix: 5 are empty
+    vis = torch.ones(n, n, dtype=torch.bool).tril()
+    q = torch.randn(1, 2, n, 8, generator=gen)
+    k, v = (torch.randn(1, 1, length, 8, generator=gen) for _ in range(2))
+    mask = prefix_and_block_mask(past, vis, length)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=0.3)
+    got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, scale=0.3, segments=7,
+                          prefix=sa.prefix_reference)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_and_padded_log_sum_exps_read_alike():
+    lse = torch.arange(2 * 3 * 4, dtype=torch.float32)
+    packed = lse.view(2, 3 * 4)  # [Hkv, S * rows]
+    padded = lse.view(2, 3, 4).transpose(0, 1).contiguous()  # [S, Hkv, rows]
+    torch.testing.assert_close(sa._lse_by_segment(packed, 3, 2, 4), padded)
+    torch.testing.assert_close(sa._lse_by_segment(torch.cat([padded, padded], -1), 3, 2, 4), padded)
+
+
+def test_the_split_stays_off_the_cpu_and_float32():
+    q, k = torch.zeros(1, 4, 8, 64), torch.zeros(1, 2, 100, 64)
+    assert not sa.splits(q, k) and not sa.splits(q.bfloat16(), k.bfloat16())
+    assert sa.probe(torch.float32, torch.device("cpu")) is True  # nothing to probe: left as it is
