@@ -21,8 +21,9 @@ make bf16 paths part early, so the check means most on trained weights (``target
 
 Each length of ``prompt_lengths`` gets its rows and its read floor: the target's weight bytes
 plus the K/V bytes of that many rows, at ``READ_BANDWIDTH`` (what one step must at least read).
-``attention`` is the fast target's and the DFlash drafter's (``auto``: FlexAttention from
-``flex_threshold`` live rows on); ``max_length: null`` sizes the caches for the longest prompt.
+``attention`` is the fast target's and the DFlash drafter's (``auto``: from ``flex_threshold`` live
+rows on, split attention where it serves, else FlexAttention; ``flex``: FlexAttention only, the
+split's baseline); ``max_length: null`` sizes the caches for the longest prompt.
 """
 
 from __future__ import annotations
