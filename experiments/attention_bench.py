@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("experiments/attention_bench.py times GPU kernels: no CUDA device is visible")
     hq, hkv, d = args.heads
-    split_attention.SPLIT_MIN_QUERIES = 1  # time the split for one query too (the fast path may not use it there)
+    split_attention.min_queries = lambda head_dim: 1  # time the split for one query too (the fast path may not)
     device, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device).manual_seed(0)
     rows = []

@@ -32,9 +32,21 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SPLIT_MAX_QUERIES = 512  # longer query blocks (prefill chunks) keep FlexAttention
-# One query (an AR step) stays on FlexAttention's decoding kernel, faster there on one H100 (graphed,
-# Qwen3-8B heads over a 132K-row buffer: 45 / 65 / 196 us against the split's 58 / 97 / 248 at 8K / 32K / 128K).
+# One query (an AR step) of head dim 128 stays on FlexAttention's decoding kernel, faster there on one
+# H100 (graphed, Qwen3-8B heads over a 132K-row buffer: 45 / 65 / 196 us against the split's 58 / 97 / 248
+# at 8K / 32K / 128K). Past head dim 128 the decoding kernel is slow (Qwen3.6-27B geometry at 8192, one
+# H100: the AR verify took 27.16 ms through it, a 4-token MTP verify through the split 24.86), so one
+# query splits there too.
 SPLIT_MIN_QUERIES = 2
+
+
+def min_queries(head_dim: int) -> int:
+    """The fewest queries split attention serves at this head dim (fewer: FlexAttention).
+
+    >>> min_queries(128), min_queries(256)
+    (2, 1)
+    """
+    return SPLIT_MIN_QUERIES if head_dim <= 128 else 1
 SEGMENT_MIN_ROWS = 512  # a segment of the prefix spans at least this many buffer rows
 M_BLOCK = 128  # query rows per flash program (sizing the split)
 
@@ -163,11 +175,11 @@ def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: 
 
 def splits(query: Tensor, key: Tensor) -> bool:
     """Whether ``split_attend`` (the flash kernel) serves these shapes here: CUDA at sm_80 or newer,
-    bf16/fp16, a head dim the kernel takes, ``SPLIT_MIN_QUERIES`` to ``SPLIT_MAX_QUERIES`` queries."""
+    bf16/fp16, a head dim the kernel takes, ``min_queries(head_dim)`` to ``SPLIT_MAX_QUERIES`` queries."""
     if query.device.type != "cuda" or query.dtype not in (torch.bfloat16, torch.float16) or not _STATE["on"]:
         return False
     n, d = query.shape[2], query.shape[3]
-    return (SPLIT_MIN_QUERIES <= n <= SPLIT_MAX_QUERIES and d <= 256 and d % 8 == 0
+    return (min_queries(d) <= n <= SPLIT_MAX_QUERIES and d <= 256 and d % 8 == 0
             and torch.cuda.get_device_capability(query.device)[0] >= 8)
 
 
