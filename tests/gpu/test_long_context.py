@@ -72,6 +72,9 @@ def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads
     layout.set(1000, torch.ones(n, n, dtype=torch.bool).tril().cuda())
     assert split_attention.probe(dtype, q.device)
     assert split_attention.splits(q, k) == (n >= split_attention.min_queries(dim))  # one query: head dim 256 only
+    if split_attention.splits(q, k):  # the per-shape check must accept it: a refusal would test FlexAttention
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        assert split_attention.serves(q, k, split_attention.segments_for(n, q_heads // kv_heads, kv_heads, length, sms))
     q.normal_()
     attend(q, k, v, layout.block_mask)  # compiles outside the capture
     graph = torch.cuda.CUDAGraph()
