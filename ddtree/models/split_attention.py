@@ -133,7 +133,8 @@ _MERGE: list[Callable] = []
 
 def _merge_kernel(device: torch.device) -> Callable:
     """``block_and_merge``, compiled once on CUDA (a few fused kernels instead of a dozen launches a
-    layer); the plain function where it does not compile, and elsewhere."""
+    layer), the plain function elsewhere. Where it does not compile, ``serves`` refuses the shape at
+    its first use and FlexAttention serves it."""
     if device.type != "cuda":
         return block_and_merge
     if not _MERGE:
