@@ -350,6 +350,20 @@ def conditional_generation_twin(model):
     return wrapped.eval()
 
 
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (None where one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@torch.inference_mode()
+def logit_gap(model, prompt: torch.Tensor, continuation: list[int]) -> float:
+    """Top-1 minus top-2 logit of ``model`` after ``prompt + continuation``: a bf16 divergence there is
+    a near-tie only where this is below a stated threshold."""
+    ids = torch.cat([prompt.cpu(), torch.tensor(continuation, dtype=torch.long)])[None]
+    top = model(input_ids=ids.to(model.device)).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+
 def prefix_and_block_mask(past: int, visible: torch.Tensor, length: int) -> torch.Tensor:
     """The bool ``[n, length]`` mask a verify's layout stands for: rows below ``past`` all visible, the
     block's own rows through ``visible`` ``[n, n]``, nothing past them."""

@@ -40,6 +40,7 @@ from ddtree import SpeculativeEngine, presets
 from ddtree.drafters import DFlashDrafter
 from ddtree.errors import reported, run_cli
 from ddtree.presets import engine_from_config
+from ddtree.testing import first_divergence, logit_gap
 from ddtree.masks import DenseMaskCompiler
 from ddtree.models import HFTarget, HybridTarget
 from ddtree.models.dispatch import is_hybrid
@@ -171,22 +172,14 @@ def _greedy_check(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_m
             tokens = engine.generate(prompt, max_new_tokens=cfg.check_tokens).tokens
             if name == "ar" and path == cfg.paths[0]:
                 reference[i] = tokens
-            at = _first_divergence(reference[i], tokens)
+            at = first_divergence(reference[i], tokens)
             if at is None:
                 parts.append(None)
                 continue
-            gap = _logit_gap(eager.model, prompt, reference[i][:at])
+            gap = logit_gap(eager.model, prompt, reference[i][:at])
             parts.append({"token": at, "gap": round(gap, 4), "near_tie": gap < cfg.near_tie_gap})
         result[f"{name}/{path}"] = parts
     return result
-
-
-def _logit_gap(model, prompt: torch.Tensor, continuation: list[int]) -> float:
-    """Top-1 minus top-2 logit of the eager target after ``prompt + continuation``."""
-    ids = torch.cat([prompt.cpu(), torch.tensor(continuation, dtype=torch.long)])[None]
-    logits = model(input_ids=ids.to(model.device)).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
 
 
 @torch.inference_mode()
@@ -206,10 +199,6 @@ def _drafter_graph_check(target, dflash_model, prompt, cfg, rounds: int = 8) -> 
         graphed.accept(record.verification, target.forward_tree(layout))
         target.commit(record.verification.path)
     return {"top1_agreement": sum(agree) / len(agree), "max_prob_diff": worst}
-
-
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def _ratio(tau: float, ar: dict, path: str, row: dict) -> str:

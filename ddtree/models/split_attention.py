@@ -38,6 +38,10 @@ SPLIT_MAX_QUERIES = 512  # longer query blocks (prefill chunks) keep FlexAttenti
 # H100: the AR verify took 27.16 ms through it, a 4-token MTP verify through the split 24.86), so one
 # query splits there too.
 SPLIT_MIN_QUERIES = 2
+SEGMENT_MIN_ROWS = 512  # a segment of the prefix spans at least this many buffer rows
+M_BLOCK = 128  # query rows per flash program (sizing the split)
+
+PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
 
 
 def min_queries(head_dim: int) -> int:
@@ -47,10 +51,6 @@ def min_queries(head_dim: int) -> int:
     (2, 1)
     """
     return SPLIT_MIN_QUERIES if head_dim <= 128 else 1
-SEGMENT_MIN_ROWS = 512  # a segment of the prefix spans at least this many buffer rows
-M_BLOCK = 128  # query rows per flash program (sizing the split)
-
-PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
 
 
 def segments_for(n: int, groups: int, kv_heads: int, kv_length: int, sms: int) -> int:
@@ -89,19 +89,13 @@ def prefix_flash(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, starts: Tensor, 
 def prefix_reference(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, starts: Tensor, used: Tensor, rows: int,
                      max_k: int, scale: float) -> tuple[Tensor, Tensor]:
     """``prefix_flash`` in plain tensor math (any device and dtype; host reads of the boundaries):
-    the tests' stand-in for the flash kernel. A sequence with no keys gives zeros and a log-sum-exp
-    of -inf."""
-    segments, kv_heads, d = cu_q.numel() - 1, k.shape[1], k.shape[2]
+    the tests' stand-in for the flash kernel."""
     first, count = starts.tolist(), used.tolist()
     outs, lses = [], []
-    for s in range(segments):
+    for s in range(cu_q.numel() - 1):
         qs = q[s * rows : (s + 1) * rows].transpose(0, 1).float()  # [Hkv, rows, d]
         ks = k[first[s] : first[s] + count[s]].transpose(0, 1).float()
         vs = v[first[s] : first[s] + count[s]].transpose(0, 1).float()
-        if ks.shape[1] == 0:
-            outs.append(torch.zeros(rows, kv_heads, d, dtype=q.dtype, device=q.device))
-            lses.append(torch.full((kv_heads, rows), -math.inf, device=q.device))
-            continue
         scores = qs @ ks.transpose(-1, -2) * scale
         lse = scores.logsumexp(-1)
         outs.append(((scores - lse[..., None]).exp() @ vs).transpose(0, 1).to(q.dtype))
@@ -124,7 +118,7 @@ def block_and_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tenso
     lse = torch.where(lengths[:, None, None] > 0, lse, -math.inf)  # an empty segment adds nothing
     top = torch.maximum(lse.max(0).values, block_lse)
     weight, block_weight = (lse - top).exp(), (block_lse - top).exp()
-    total = (weight[..., None] * out.float().nan_to_num()).sum(0) + block_weight[..., None] * block_out
+    total = (weight[..., None] * out.float()).sum(0) + block_weight[..., None] * block_out
     return total / (weight.sum(0) + block_weight)[..., None]
 
 
@@ -188,13 +182,22 @@ _STATE = {"on": True, "probed": False}
 _SERVES: dict[tuple, bool] = {}  # (n, Hq, Hkv, d, dtype, segments) -> whether the kernel agreed with the reference
 
 
-def _agrees(q: Tensor, k: Tensor, v: Tensor, past: int, visible: Tensor, segments: int) -> float:
-    """The largest difference between ``split_attend`` and its plain-math reference on these tensors."""
-    rows = torch.arange(past, past + q.shape[2], device=q.device)
-    p = torch.tensor(past, device=q.device)
-    got = split_attend(q, k, v, p, rows, visible, segments=segments)
-    want = split_attend(q, k, v, p, rows, visible, segments=segments, prefix=prefix_reference, merge=block_and_merge)
-    return (got.float() - want.float()).abs().max().item()
+def _disagreement(n: int, q_heads: int, kv_heads: int, d: int, dtype: torch.dtype, device: torch.device,
+                  segments: int, pasts: tuple[int, ...], length: int) -> float:
+    """The largest difference between ``split_attend`` and its plain-math reference on random tensors
+    of these shapes over a ``length``-row buffer, at each prefix length of ``pasts``."""
+    gen = torch.Generator(device).manual_seed(n)
+    q = torch.randn(1, q_heads, n, d, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    visible = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    error = 0.0
+    for past in pasts:
+        rows, p = torch.arange(past, past + n, device=device), torch.tensor(past, device=device)
+        got = split_attend(q, k, v, p, rows, visible, segments=segments)
+        want = split_attend(q, k, v, p, rows, visible, segments=segments, prefix=prefix_reference,
+                            merge=block_and_merge)
+        error = max(error, (got.float() - want.float()).abs().max().item())
+    return error
 
 
 def serves(query: Tensor, key: Tensor, segments: int) -> bool:
@@ -210,14 +213,10 @@ def serves(query: Tensor, key: Tensor, segments: int) -> bool:
     kv_heads = key.shape[1]
     shape = (n, q_heads, kv_heads, d, query.dtype, segments)
     if shape not in _SERVES:
-        gen = torch.Generator(query.device).manual_seed(n)
         length = 3000 + n
-        q = torch.randn(1, q_heads, n, d, device=query.device, dtype=query.dtype, generator=gen)
-        k, v = (torch.randn(1, kv_heads, length, d, device=query.device, dtype=query.dtype, generator=gen)
-                for _ in range(2))
-        visible = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
         try:
-            error = max(_agrees(q, k, v, past, visible, segments) for past in (0, 1, 777, length - n))
+            error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
+                                  (0, 1, 777, length - n), length)
         except Exception as err:  # a kernel that refuses the shape
             error, reason = math.inf, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         else:
@@ -236,18 +235,8 @@ def probe(dtype: torch.dtype, device: torch.device) -> bool:
     if _STATE["probed"] or device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return _STATE["on"]
     _STATE["probed"] = True
-    gen = torch.Generator(device).manual_seed(0)
-    n, past, length = 5, 300, 640
-    q = torch.randn(1, 4, n, 64, device=device, dtype=dtype, generator=gen)
-    k = torch.randn(1, 2, length, 64, device=device, dtype=dtype, generator=gen)
-    v = torch.randn(1, 2, length, 64, device=device, dtype=dtype, generator=gen)
-    visible = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    rows = torch.arange(past, past + n, device=device)
-    p = torch.tensor(past, device=device)
     try:
-        got = split_attend(q, k, v, p, rows, visible, segments=3)
-        want = split_attend(q, k, v, p, rows, visible, segments=1, prefix=prefix_reference, merge=block_and_merge)
-        error = (got.float() - want.float()).abs().max().item()
+        error = _disagreement(5, 4, 2, 64, dtype, device, segments=3, pasts=(300,), length=640)
         if not error < 0.05:
             raise ValueError(f"differs from the reference by {error:.3g}")
     except Exception as err:  # a missing kernel, a compiler failure, or another layout of its results

@@ -16,7 +16,8 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import split_attention
 from ddtree.models.flex_attention import FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import check_budget_sequence, fp32_cuda_pair, prefix_and_block_mask, random_tree_visibility
+from ddtree.testing import (check_budget_sequence, first_divergence, fp32_cuda_pair, logit_gap,
+                            prefix_and_block_mask, random_tree_visibility)
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
@@ -127,10 +128,6 @@ def test_flex_drafter_graph_drafts_what_the_eager_drafter_drafts(setup):
             torch.testing.assert_close(graphed.draft(root).log_probs, eager.draft(root).log_probs, atol=1e-4, rtol=1e-4)
 
 
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
 @pytest.mark.parametrize("strategy", ["dflash", "ddtree-64"])
 def test_split_attention_in_bf16_on_the_shipped_pair_is_greedy_up_to_near_ties(strategy):
     """End to end in bf16, the dtype the split serves: the shipped pair through the fast target and
@@ -162,11 +159,8 @@ def test_split_attention_in_bf16_on_the_shipped_pair_is_greedy_up_to_near_ties(s
         assert prompt.numel() > 64
         want = eager.generate(prompt, max_new_tokens=96).tokens
         got = fast.generate(prompt, max_new_tokens=96).tokens
-        at = _first_divergence(want, got)
+        at = first_divergence(want, got)
         if at is not None:
-            with torch.inference_mode():
-                ids = torch.cat([prompt, torch.tensor(want[:at])])[None].cuda()
-                top = model(input_ids=ids).logits[0, -1].float().topk(2).values
-            gap = float(top[0] - top[1])
+            gap = logit_gap(model, prompt, want[:at])
             assert gap < 0.25, f"parted from eager AR at token {at}, where the logit gap is {gap:.3f}"
     assert split_attention._SERVES and all(split_attention._SERVES.values())  # the split served every shape
