@@ -1,16 +1,20 @@
-"""Where a hybrid fast-path round spends its GPU time (Qwen3.6-27B geometry, random weights, one GPU).
+"""Where a fast-path round spends its GPU time (a named geometry, random weights, one GPU).
 
-    python experiments/hybrid_profile.py --out hybrid_profile.json          # one H200, ~2 min
-    python experiments/hybrid_profile.py --layers 8 --sizes 1 65            # a shrunk stack
-    python experiments/hybrid_profile.py --tiny --device cpu --reps 2       # a smoke run on a CPU
+    python experiments/round_profile.py --out hybrid_profile.json           # Qwen3.6-27B, one H200, ~2 min
+    python experiments/round_profile.py --geometry qwen3-8b --sizes 1 65 257 --drafters dflash
+    python experiments/round_profile.py --layers 8 --sizes 1 65             # a shrunk stack
+    python experiments/round_profile.py --tiny --device cpu --reps 2        # a smoke run on a CPU
 
 After a prefill, for trees of each size (random best-first trees; 1 is an AR step) it times with
-CUDA events the graphed ``StaticHybridTarget`` verify and its commit apart (median of --reps), then
+CUDA events the graphed verify of the fast target (``StaticHybridTarget`` for the hybrid geometries,
+``StaticTarget`` for Qwen3's) and its commit apart (median of --reps), then
 profiles one verify of the same tree without graphs (the same fused kernels, launched one by one)
 with ``torch.profiler`` and sums its kernels' GPU time by kind: GEMMs, the Triton tree delta rule,
 other compiled (Triton) kernels, attention, copies, the rest. Graph replays hide their kernels
 from the profiler, hence the second, eager run; its kernel times are the graph's, its launch gaps
-are not. Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
+are not: ``gap_ms`` (graphed verify minus the profiled kernels) is what launches and gaps cost inside
+the graph. ``weight_read_ms`` is the weights' read time at ``--bandwidth`` (the floor of a one-token
+verify). Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ddtree.masks import DenseMaskCompiler
-from ddtree.models.geometry import random_hybrid
+from ddtree.models.geometry import QWEN3, random_hybrid, random_qwen3
 from ddtree.models.hybrid_static import StaticHybridTarget
+from ddtree.models.static_target import StaticTarget
 from ddtree.trees import BestFirstTreeBuilder
 from ddtree.types import Draft
 
@@ -127,7 +132,8 @@ def kind_of(name: str) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--geometry", default="qwen3.6-27b")
+    p.add_argument("--geometry", default="qwen3.6-27b", help="a hybrid geometry, or one of Qwen3's (qwen3-8b)")
+    p.add_argument("--bandwidth", type=float, default=4.8, help="TB/s for the weight-read floor (H200: 4.8)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the geometry's)")
     p.add_argument("--tiny", action="store_true", help="a tiny stack of the same layout (smoke runs)")
     p.add_argument("--device", default="cuda")
@@ -137,12 +143,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--top", type=int, default=25, help="kernels listed per size")
     p.add_argument("--triton", choices=["auto", "on", "off"], default="auto")
-    p.add_argument("--drafters", nargs="*", choices=["dflash", "mtp"], default=["dflash", "mtp"],
-                   help="also time the graphed draft of these drafters and profile it (none: skip)")
+    p.add_argument("--drafters", nargs="*", choices=["dflash", "mtp"], default=None,
+                   help="also time the graphed draft of these drafters and profile it (none: skip; default: "
+                        "dflash and, on hybrids, mtp)")
     p.add_argument("--mtp-steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("hybrid_profile.json"))
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=Path("round_profile.json"))
+    args = p.parse_args(argv)
+    if args.drafters is None:
+        args.drafters = ["dflash"] if args.geometry in QWEN3 else ["dflash", "mtp"]
+    return args
 
 
 def random_tree(vocab: int, nodes: int, depth: int, gen: torch.Generator):
@@ -153,6 +163,32 @@ def random_tree(vocab: int, nodes: int, depth: int, gen: torch.Generator):
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
             linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+TINY_DENSE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32)
+
+
+def build(args):
+    """The model of ``args.geometry`` (shrunk by --tiny / --layers) and its fast target's class."""
+    dense = args.geometry in QWEN3
+    if not dense:
+        sizes = dict(TINY) if args.tiny else {}
+        if args.layers is not None:
+            sizes["num_hidden_layers"] = args.layers
+        return random_hybrid(None if args.tiny else args.geometry, device=args.device, seed=args.seed, **sizes), \
+            StaticHybridTarget
+    if args.tiny or args.layers is not None:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        hidden, inter, layers, heads, kv = QWEN3[args.geometry]
+        sizes = dict(TINY_DENSE) if args.tiny else dict(
+            vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+            num_key_value_heads=kv, head_dim=128)
+        sizes["num_hidden_layers"] = args.layers or sizes.get("num_hidden_layers", layers)
+        dtype = torch.bfloat16 if args.device != "cpu" else torch.float32
+        with torch.device(args.device):
+            model = Qwen3ForCausalLM(Qwen3Config(attn_implementation="sdpa", **sizes)).to(dtype)
+        return model.eval(), StaticTarget
+    return random_qwen3(args.geometry, device=args.device), StaticTarget
 
 
 def sync(device: torch.device) -> None:
@@ -178,22 +214,27 @@ def timed(fn, device: torch.device) -> float:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    sizes = dict(TINY) if args.tiny else {}
-    if args.layers is not None:
-        sizes["num_hidden_layers"] = args.layers
-    model = random_hybrid(None if args.tiny else args.geometry, device=args.device, seed=args.seed, **sizes)
+    model, fast = build(args)
     device = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
-    triton = {"auto": None, "on": True, "off": False}[args.triton]
     max_length = args.prompt + max(args.sizes) * (args.reps + 8) + 64
-    graphed = StaticHybridTarget(model, max_length, cuda_graphs=device.type == "cuda", triton=triton)
-    eager = StaticHybridTarget(model, max_length, cuda_graphs=False, fuse=graphed.fuse, triton=graphed.triton)
-    print(f"kernels: {graphed.kernels()}", flush=True)
+    if fast is StaticHybridTarget:
+        triton = {"auto": None, "on": True, "off": False}[args.triton]
+        graphed = StaticHybridTarget(model, max_length, cuda_graphs=device.type == "cuda", triton=triton)
+        eager = StaticHybridTarget(model, max_length, cuda_graphs=False, fuse=graphed.fuse, triton=graphed.triton)
+        kernels = graphed.kernels()
+    else:
+        graphed = StaticTarget(model, max_length, cuda_graphs=device.type == "cuda")
+        eager = StaticTarget(model, max_length, cuda_graphs=False, fuse=graphed.fuse)
+        kernels = {"verify": f"fused={graphed.fuse}, CUDA graphs={graphed.cuda_graphs}, attention={graphed.attention}"}
+    print(f"kernels: {kernels}", flush=True)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
     compiler = DenseMaskCompiler().to(graphed.input_device, graphed.dtype)
     gen = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(0, vocab - 1, (args.prompt,), generator=gen)
     result = {"geometry": args.geometry, "layers": model.config.get_text_config().num_hidden_layers,
-              "prompt": args.prompt, "kernels": graphed.kernels(),
+              "prompt": args.prompt, "kernels": kernels,
+              "weight_read_ms": weight_bytes / (args.bandwidth * 1e9), "bandwidth_tb_s": args.bandwidth,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "sizes": {}}
     for n in args.sizes:
         tree = random_tree(vocab, n, args.depth, gen)
@@ -219,9 +260,11 @@ def main(argv=None) -> None:
             sync(device)
         eager.commit(path)
         row.update(summarise(prof, gpu, args.top))
+        row["gap_ms"] = row["graphed_verify_ms"] - row["profiled_ms"]
         result["sizes"][n] = row
         report(f"\n== {n} nodes: graphed verify {row['graphed_verify_ms']:.2f} ms + commit {row['graphed_commit_ms']:.2f}; "
-               f"eager verify {row['eager_verify_ms']:.2f} + commit {row['eager_commit_ms']:.2f}", row)
+               f"eager verify {row['eager_verify_ms']:.2f} + commit {row['eager_commit_ms']:.2f}; weight read "
+               f"{result['weight_read_ms']:.2f} ms at {args.bandwidth} TB/s", row)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))  # after every size: a cut run keeps what it measured
     if args.drafters:
