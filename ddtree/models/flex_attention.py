@@ -75,6 +75,7 @@ class FlexLayout:
         self.kv_indices = torch.zeros(*shape, kv_blocks, dtype=torch.int32, device=device)
         self.full_num_blocks = torch.zeros(shape, dtype=torch.int32, device=device)  # blocks below P
         self.full_indices = self._blocks.expand(*shape, kv_blocks).contiguous()  # never rewritten
+        self._bounds: dict[tuple[int, int], split_attention.SegmentBounds] = {}  # (S, rows) -> the split's segments
         self.refresh()
         self.block_mask = BlockMask.from_kv_blocks(
             self.kv_num_blocks, self.kv_indices, self.full_num_blocks, self.full_indices, BLOCK_SIZE=KV_BLOCK,
@@ -94,6 +95,21 @@ class FlexLayout:
         partial = (self._blocks + first.to(torch.int32)).clamp(max=self._blocks.numel() - 1)
         self.kv_indices.copy_(partial.expand_as(self.kv_indices))
         torch.add(self.past, torch.arange(self.n, device=self.rows.device), out=self.rows)
+        for bounds in self._bounds.values():
+            bounds.update(self.past)
+
+    def bounds(self, segments: int, rows: int) -> split_attention.SegmentBounds:
+        """The split's segment bounds for ``segments`` and ``rows`` folded query rows at this P: made
+        at first use, then rewritten by every ``refresh``, so all layers of a forward share one
+        computation. Inside a graph capture a new one is computed in the captured forward and not
+        kept (its memory would belong to the graph's pool)."""
+        key = (segments, rows)
+        if key in self._bounds:
+            return self._bounds[key]
+        made = split_attention.SegmentBounds(self.past, segments, rows)
+        if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
+            self._bounds[key] = made
+        return made
 
     def move(self, past: int | Tensor) -> None:
         """Write P (an int, or a 0-dim device tensor) in place, then ``refresh``."""
@@ -179,9 +195,11 @@ def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, sca
         segments = split_attention.segments_for(query.shape[2], groups, key.shape[1], key.shape[2],
                                                 props.multi_processor_count)
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            if split_attention.serves(query, key, segments):
+            merge = split_attention.serves(query, key, segments)
+            if merge is not None:
+                bounds = layout.bounds(segments, groups * query.shape[2])
                 return split_attention.split_attend(query, key, value, layout.past, layout.rows, layout.visible,
-                                                    scale, segments=segments)
+                                                    scale, segments=segments, merge=merge, bounds=bounds)
     options = kernel_options(query.shape[2], groups, query.dtype, (props.major, props.minor), head_dim=query.shape[-1],
                              kv_length=key.shape[2], kv_heads=key.shape[1], sms=props.multi_processor_count)
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):

@@ -136,35 +136,64 @@ def _merge_kernel(device: torch.device) -> Callable:
     return _MERGE[0]
 
 
+class SegmentBounds:
+    """Where the S segments of the prefix lie for P = ``past`` and m folded query rows each: static
+    device buffers, rewritten in place by ``update`` (graph-safe), so a forward computes them once
+    for all its layers (``FlexLayout.bounds``) rather than once a layer.
+
+    Segment s covers prefix rows [s * c, (s + 1) * c) cut at P, c = ceil(P / S). A segment the cut
+    leaves empty (P < S * c) reads row P - 1 instead (row 0 at P = 0), with one key, and the merge
+    drops it (``lengths`` 0): no sequence reaches the kernel empty (see ``prefix_flash``).
+
+    >>> b = SegmentBounds(torch.tensor(5), segments=4, rows=3)
+    >>> b.lengths.tolist(), b.starts.tolist(), b.used.tolist(), b.cu_q.tolist()
+    ([2, 2, 1, 0], [0, 2, 4, 4, 4], [2, 2, 1, 1], [0, 3, 6, 9, 12])
+    """
+
+    def __init__(self, past: Tensor, segments: int, rows: int) -> None:
+        device = past.device
+        self.segments, self.rows = segments, rows
+        self.cu_q = torch.arange(0, (segments + 1) * rows, rows, device=device, dtype=torch.int32)  # [S + 1]
+        self._index = torch.arange(segments + 1, device=device)
+        self.lengths = torch.zeros(segments, dtype=torch.long, device=device)  # [S] live keys of each
+        self.starts = torch.zeros(segments + 1, dtype=torch.int32, device=device)  # [S + 1] first row of each
+        self.used = torch.ones(segments, dtype=torch.int32, device=device)  # [S] keys the kernel reads
+        self.update(past)
+
+    def update(self, past: Tensor) -> None:
+        chunk = torch.div(past + self.segments - 1, self.segments, rounding_mode="floor")
+        bounds = (self._index * chunk).clamp(max=past)
+        self.lengths.copy_(bounds.diff())
+        self.starts.copy_(torch.minimum(bounds, (past - 1).clamp(min=0)))
+        self.used.copy_(self.lengths.clamp(min=1))
+
+
 def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: Tensor, visible: Tensor,
                  scale: float | None = None, segments: int = 1, prefix: PrefixKernel = prefix_flash,
-                 merge: Callable | None = None) -> Tensor:
+                 merge: Callable | None = None, bounds: SegmentBounds | None = None) -> Tensor:
     """``query`` ``[1, Hq, n, d]`` at rows ``rows`` (P..P+n-1, their keys already in the buffers)
     over ``key``/``value`` ``[1, Hkv, L, d]``: rows below ``past`` (P, a 0-dim device tensor) are
     all visible, the block's own through ``visible`` ``[n, n]``. Returns ``[1, Hq, n, d]``; no host
-    read of P, no shape depends on it (graph-safe with ``prefix_flash``)."""
+    read of P, no shape depends on it (graph-safe with ``prefix_flash``). ``bounds``: the segments'
+    ``SegmentBounds`` for this P, ``segments`` and n x groups rows, kept up to date by the caller
+    (computed here when None)."""
     _, q_heads, n, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = q_heads // kv_heads
     m = groups * n
     scale = d**-0.5 if scale is None else scale
     folded = query[0].reshape(kv_heads, m, d)  # head j * groups + i, token t -> row i * n + t of head j
-    device = query.device
-    # Segment s covers prefix rows [s * c, (s + 1) * c) cut at P, c = ceil(P / S). A segment that
-    # the cut leaves empty (P < S * c) reads row P - 1 instead, and the merge drops it (length 0).
-    # With ``prefix_flash`` no sequence is empty: see there.
-    chunk = torch.div(past + segments - 1, segments, rounding_mode="floor")
-    bounds = (torch.arange(segments + 1, device=device) * chunk).clamp(max=past)
-    lengths = bounds.diff()
-    starts = torch.minimum(bounds, (past - 1).clamp(min=0)).to(torch.int32)  # P = 0: row 0, dropped too
-    used = lengths.clamp(min=1).to(torch.int32)
-    cu_q = torch.arange(0, (segments + 1) * m, m, device=device, dtype=torch.int32)
+    if bounds is None:
+        bounds = SegmentBounds(past, segments, m)
+    elif (bounds.segments, bounds.rows) != (segments, m):
+        raise ValueError(f"bounds for {bounds.segments} segments of {bounds.rows} rows, not {segments} of {m}")
     packed = folded.transpose(0, 1)  # [m, Hkv, d]
     packed = packed.unsqueeze(0).expand(segments, m, kv_heads, d).reshape(segments * m, kv_heads, d)
-    out, lse = prefix(packed, key[0].transpose(0, 1), value[0].transpose(0, 1), cu_q, starts, used, m, length, scale)
+    out, lse = prefix(packed, key[0].transpose(0, 1), value[0].transpose(0, 1), bounds.cu_q, bounds.starts,
+                      bounds.used, m, length, scale)
     out = out.view(segments, m, kv_heads, d).transpose(1, 2)  # [S, Hkv, m, d]
     block_k, block_v = key[0].index_select(1, rows), value[0].index_select(1, rows)  # [Hkv, n, d]
-    merged = (merge or _merge_kernel(device))(folded, block_k, block_v, visible, out, lse, lengths, scale)
+    merged = (merge or _merge_kernel(query.device))(folded, block_k, block_v, visible, out, lse, bounds.lengths, scale)
     return merged.to(query.dtype).reshape(1, q_heads, n, d)
 
 
@@ -179,13 +208,16 @@ def splits(query: Tensor, key: Tensor) -> bool:
 
 
 _STATE = {"on": True, "probed": False}
-_SERVES: dict[tuple, bool] = {}  # (n, Hq, Hkv, d, dtype, segments) -> whether the kernel agreed with the reference
+# (n, Hq, Hkv, d, dtype, segments) -> the merge that gave the reference's result there (None: neither did)
+_SERVES: dict[tuple, Callable | None] = {}
+SERVES_TOLERANCE = 0.05  # the largest difference from the reference a shape may show (bf16/fp16 outputs)
 
 
 def _disagreement(n: int, q_heads: int, kv_heads: int, d: int, dtype: torch.dtype, device: torch.device,
-                  segments: int, pasts: tuple[int, ...], length: int) -> float:
-    """The largest difference between ``split_attend`` and its plain-math reference on random tensors
-    of these shapes over a ``length``-row buffer, at each prefix length of ``pasts``."""
+                  segments: int, pasts: tuple[int, ...], length: int, merge: Callable | None = None) -> float:
+    """The largest difference between ``split_attend`` (with ``merge``; None: the compiled one) and its
+    plain-math reference on random tensors of these shapes over a ``length``-row buffer, at each
+    prefix length of ``pasts``."""
     gen = torch.Generator(device).manual_seed(n)
     q = torch.randn(1, q_heads, n, d, device=device, dtype=dtype, generator=gen)
     k, v = (torch.randn(1, kv_heads, length, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
@@ -193,38 +225,43 @@ def _disagreement(n: int, q_heads: int, kv_heads: int, d: int, dtype: torch.dtyp
     error = 0.0
     for past in pasts:
         rows, p = torch.arange(past, past + n, device=device), torch.tensor(past, device=device)
-        got = split_attend(q, k, v, p, rows, visible, segments=segments)
+        got = split_attend(q, k, v, p, rows, visible, segments=segments, merge=merge)
         want = split_attend(q, k, v, p, rows, visible, segments=segments, prefix=prefix_reference,
                             merge=block_and_merge)
         error = max(error, (got.float() - want.float()).abs().max().item())
     return error
 
 
-def serves(query: Tensor, key: Tensor, segments: int) -> bool:
-    """Whether the split gives the reference's result at this shape (n queries of Hq heads over Hkv,
-    head dim, dtype, segments), tried once per shape on random tensors of a 3K-row buffer at its first
-    use (a graph's warm-up, never inside a capture), P = 0 and 1 among the lengths tried. On one H100,
-    while empty sequences still reached the kernel, 6 of 30 shapes (head dim 256 with 390 or more
-    folded rows, head dim 16 with 514) gave wrong outputs in a test whose prefix lengths included
-    P = 1 (five of six segments empty), and the kernel alone was right on those shapes with no empty
-    segment; the early exit is the suspect (``prefix_flash``). A shape this refuses stays on
-    FlexAttention and is logged once."""
+def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
+    """The merge with which the split gives the reference's result at this shape (n queries of Hq
+    heads over Hkv, head dim, dtype, segments), or None where none does: tried once per shape on
+    random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside a capture),
+    P = 0 and 1 among the lengths tried; first the compiled merge, then, where it disagrees or fails,
+    the plain one (more launches, the same math). On one H100, 6 of 30 shapes (head dim 256 with 390
+    or more folded rows, head dim 16 with 514) gave wrong outputs (up to inf) while the flash kernel
+    alone was right on them. A shape this refuses stays on FlexAttention; either fallback is logged once."""
     _, q_heads, n, d = query.shape
     kv_heads = key.shape[1]
     shape = (n, q_heads, kv_heads, d, query.dtype, segments)
     if shape not in _SERVES:
         length = 3000 + n
-        try:
-            error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
-                                  (0, 1, 777, length - n), length)
-        except Exception as err:  # a kernel that refuses the shape
-            error, reason = math.inf, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-        else:
-            reason = f"differs from the reference by {error:.3g}"
-        _SERVES[shape] = error < 0.05
-        if not _SERVES[shape]:
-            log.warning("split attention for %d queries (%d over %d heads of %d, %s, %d segments) %s: "
-                        "FlexAttention serves them", n, q_heads, kv_heads, d, query.dtype, segments, reason)
+        reasons, chosen = [], None
+        for name, merge in (("compiled", None), ("plain", block_and_merge)):
+            try:
+                error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
+                                      (0, 1, 777, length - n), length, merge=merge)
+            except Exception as err:  # a kernel that refuses the shape, a merge that does not compile
+                reasons.append(f"{name} merge: {type(err).__name__}: {(str(err).splitlines() or [''])[0]}")
+                continue
+            if error < SERVES_TOLERANCE:
+                chosen = merge or _merge_kernel(query.device)
+                break
+            reasons.append(f"{name} merge: differs from the reference by {error:.3g}")
+        _SERVES[shape] = chosen
+        if reasons:
+            log.warning("split attention for %d queries (%d over %d heads of %d, %s, %d segments): %s; %s", n,
+                        q_heads, kv_heads, d, query.dtype, segments, "; ".join(reasons),
+                        "FlexAttention serves them" if chosen is None else "the plain merge serves them")
     return _SERVES[shape]
 
 
@@ -237,7 +274,7 @@ def probe(dtype: torch.dtype, device: torch.device) -> bool:
     _STATE["probed"] = True
     try:
         error = _disagreement(5, 4, 2, 64, dtype, device, segments=3, pasts=(300,), length=640)
-        if not error < 0.05:
+        if not error < SERVES_TOLERANCE:
             raise ValueError(f"differs from the reference by {error:.3g}")
     except Exception as err:  # a missing kernel, a compiler failure, or another layout of its results
         log.warning("split attention (a flash kernel over the prefix) does not run here (%s: %s); FlexAttention "

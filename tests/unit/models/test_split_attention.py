@@ -4,6 +4,7 @@ equal one dense softmax. The flash kernel itself is compared on a GPU (tests/gpu
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -77,3 +78,57 @@ def test_the_split_stays_off_the_cpu_and_float32():
     q, k = torch.zeros(1, 4, 8, 64), torch.zeros(1, 2, 100, 64)
     assert not sa.splits(q, k) and not sa.splits(q.bfloat16(), k.bfloat16())
     assert sa.probe(torch.float32, torch.device("cpu")) is True  # nothing to probe: left as it is
+
+
+def test_a_layout_computes_the_segments_once_a_forward_and_refresh_moves_them():
+    """``FlexLayout.bounds``: one ``SegmentBounds`` per (S, rows) for every layer of a forward, rewritten
+    in place by ``refresh`` when P moves; the split through it equals the split that cuts its own."""
+    from ddtree.models.flex_attention import FlexLayout
+
+    gen = torch.Generator().manual_seed(2)
+    n, kv_heads, groups, length, segments = 3, 2, 2, 300, 5
+    layout = FlexLayout(n, length, torch.device("cpu"), split=True)
+    bounds = layout.bounds(segments, groups * n)
+    assert layout.bounds(segments, groups * n) is bounds
+    q = torch.randn(1, kv_heads * groups, n, 16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, 16, generator=gen) for _ in range(2))
+    for past in (0, 1, 7, 200, length - n):
+        vis = random_tree_visibility(n, gen)
+        layout.set(past, vis)
+        fresh = sa.SegmentBounds(torch.tensor(past), segments, groups * n)
+        for name in ("lengths", "starts", "used", "cu_q"):
+            assert getattr(bounds, name).tolist() == getattr(fresh, name).tolist(), (past, name)
+        got = sa.split_attend(q, k, v, layout.past, layout.rows, layout.visible, segments=segments,
+                              prefix=sa.prefix_reference, bounds=bounds)
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix_and_block_mask(past, vis, length),
+                                                  enable_gqa=True)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="5 segments"):
+        sa.split_attend(q, k, v, layout.past, layout.rows, layout.visible, segments=segments + 1,
+                        prefix=sa.prefix_reference, bounds=bounds)
+
+
+def test_a_shape_the_compiled_merge_gets_wrong_falls_back_to_the_plain_merge_then_to_flex(monkeypatch, caplog):
+    """``serves``: the compiled merge where it agrees with the reference, else the plain merge, else None
+    (FlexAttention); each shape is tried once, and a fallback is logged."""
+    calls = []
+
+    def disagreement(n, *args, merge=None, **kwargs):
+        calls.append((n, merge))
+        if n == 3:
+            return 0.0 if merge is sa.block_and_merge else 7.0  # only the compiled merge is wrong
+        if n == 4:
+            raise RuntimeError("no kernel for this shape")
+        return 0.0
+
+    monkeypatch.setattr(sa, "_disagreement", disagreement)
+    monkeypatch.setattr(sa, "_SERVES", {})
+    k = torch.zeros(1, 2, 100, 16)
+    with caplog.at_level("WARNING", logger=sa.__name__):
+        assert sa.serves(torch.zeros(1, 4, 2, 16), k, 3) is sa._merge_kernel(k.device)
+        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) is sa.block_and_merge
+        assert sa.serves(torch.zeros(1, 4, 4, 16), k, 3) is None
+        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) is sa.block_and_merge  # remembered
+    assert calls == [(2, None), (3, None), (3, sa.block_and_merge), (4, None), (4, sa.block_and_merge)]
+    assert "differs from the reference by 7" in caplog.text and "the plain merge serves them" in caplog.text
+    assert "RuntimeError: no kernel for this shape" in caplog.text and "FlexAttention serves them" in caplog.text
