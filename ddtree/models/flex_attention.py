@@ -31,8 +31,7 @@ from ddtree.models import split_attention
 log = logging.getLogger(__name__)
 ATTENTIONS = ("auto", "dense", "flex")
 KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
-# Every verify size a target serves is one compiled kernel (Dynamo's default allows 8 per function).
-RECOMPILE_LIMIT = 64
+RECOMPILE_LIMIT = split_attention.RECOMPILE_LIMIT  # every verify size is one compiled kernel
 # The most outputs a decoding tile holds (BLOCK_M x head dim, float32, over two warps) without spilling.
 DECODE_TILE_OUTPUTS = 64 * 128
 # The decoding kernel's split over keys: buffer rows per split at most, and the most bytes of

@@ -40,6 +40,9 @@ SPLIT_MAX_QUERIES = 512  # longer query blocks (prefill chunks) keep FlexAttenti
 SPLIT_MIN_QUERIES = 2
 SEGMENT_MIN_ROWS = 512  # a segment of the prefix spans at least this many buffer rows
 M_BLOCK = 128  # query rows per flash program (sizing the split)
+# Every verify size a target serves is one compiled kernel, here and in FlexAttention (Dynamo's default
+# allows 8 per function; past it a ``fullgraph`` function raises).
+RECOMPILE_LIMIT = 64
 
 PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
 
@@ -237,9 +240,10 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
     heads over Hkv, head dim, dtype, segments), or None where none does: tried once per shape on
     random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside a capture),
     P = 0 and 1 among the lengths tried; first the compiled merge, then, where it disagrees or fails,
-    the plain one (more launches, the same math). On one H100, 6 of 30 shapes (head dim 256 with 390
-    or more folded rows, head dim 16 with 514) gave wrong outputs (up to inf) while the flash kernel
-    alone was right on them. A shape this refuses stays on FlexAttention; either fallback is logged once."""
+    the plain one (more launches, the same math). On one H100 (torch 2.11) the compiled merge was
+    wrong (errors up to inf) at head dim 256 with 65 and 257 queries and at head dim 16 with 257,
+    where the flash kernel and the plain merge were right (``docs/results/split_merge_diag_h100.json``).
+    A shape this refuses stays on FlexAttention; either fallback is logged once."""
     _, q_heads, n, d = query.shape
     kv_heads = key.shape[1]
     shape = (n, q_heads, kv_heads, d, query.dtype, segments)
@@ -248,8 +252,9 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
         reasons, chosen = [], None
         for name, merge in (("compiled", None), ("plain", block_and_merge)):
             try:
-                error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
-                                      (0, 1, 777, length - n), length, merge=merge)
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
+                                          (0, 1, 777, length - n), length, merge=merge)
             except Exception as err:  # a kernel that refuses the shape, a merge that does not compile
                 reasons.append(f"{name} merge: {type(err).__name__}: {(str(err).splitlines() or [''])[0]}")
                 continue
