@@ -265,3 +265,18 @@ def test_attention_bench_merges_segments_into_the_whole_prefix_attention():
         outs.append(torch.softmax(scores, -1) @ v[:, 4 * part : 4 * part + 4])
         lses.append(scores.logsumexp(-1))
     torch.testing.assert_close(bench.merge(torch.stack(outs), torch.stack(lses)).double(), want)
+
+
+def test_split_merge_diag_says_it_needs_a_gpu(monkeypatch):
+    """experiments/split_merge_diag.py compares GPU kernels: without CUDA it stops with a one-line reason."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(
+        "split_merge_diag", Path(__file__).resolve().parents[2] / "experiments" / "split_merge_diag.py")
+    diag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diag)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        diag.main([])
