@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from typing import Iterator
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -429,3 +434,29 @@ class LockstepDrafter:
     def accept(self, verification, context) -> None:
         self.drafter.accept(verification, context)
         self.reference.accept(verification, context)
+
+
+@contextlib.contextmanager
+def triton_interpreted(module: str, *loaders) -> Iterator[None]:
+    """Run the Triton kernels of ``module`` (a module name, imported lazily through the
+    ``functools.cache``d ``loaders``) by Triton's interpreter on the CPU inside the context:
+    ``TRITON_INTERPRET`` is read when kernels are decorated, so the module is imported afresh.
+
+    >>> with triton_interpreted("ddtree.models.split_merge_kernels", split_attention._triton_kernels):  # doctest: +SKIP
+    ...     split_attention.triton_merge(...)
+    """
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.modules.pop(module, None)
+    for loader in loaders:
+        loader.cache_clear()
+    try:
+        yield
+    finally:
+        sys.modules.pop(module, None)
+        for loader in loaders:
+            loader.cache_clear()
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous

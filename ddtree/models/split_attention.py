@@ -22,6 +22,8 @@ The flash kernel takes bf16 and fp16 only: float32 verifies, the CPU, and query 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import math
 from typing import Callable
@@ -69,11 +71,13 @@ def segments_for(n: int, groups: int, kv_heads: int, kv_length: int, sms: int) -
 
 
 def _lse_by_segment(lse: Tensor, segments: int, kv_heads: int, rows: int) -> Tensor:
-    """A variable-length flash call's log-sum-exp as ``[S, Hkv, rows]`` float32: ``[Hkv, S * rows]``
-    (packed, newer kernels) or ``[S, Hkv, rows]`` (padded, older ones)."""
+    """A variable-length flash call's log-sum-exp as a contiguous ``[S, Hkv, rows]`` float32: from
+    ``[Hkv, S * rows]`` (packed, newer kernels) or ``[S, Hkv, rows]`` (padded, older ones). Contiguous
+    because on one H100 the compiled merge went wrong on the packed layout's strided view at shapes
+    where it was right on contiguous input (``serves``); the copy is S x Hkv x rows floats."""
     if lse.dim() == 2:
-        return lse.view(kv_heads, segments, rows).transpose(0, 1).float()
-    return lse[..., :rows].float()
+        return lse.view(kv_heads, segments, rows).transpose(0, 1).float().contiguous()
+    return lse[..., :rows].float().contiguous()
 
 
 def prefix_flash(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, starts: Tensor, used: Tensor, rows: int,
@@ -123,6 +127,43 @@ def block_and_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tenso
     weight, block_weight = (lse - top).exp(), (block_lse - top).exp()
     total = (weight[..., None] * out.float()).sum(0) + block_weight[..., None] * block_out
     return total / (weight.sum(0) + block_weight)[..., None]
+
+
+@functools.cache
+def _triton_kernels():
+    from ddtree.models import split_merge_kernels  # imports Triton
+
+    return split_merge_kernels
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether ``triton_merge`` can run on ``device``: Triton is installed and the device is a CUDA GPU
+    (the tests run it on the CPU through Triton's interpreter)."""
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,
+                 lengths: Tensor, scale: float) -> Tensor:
+    """``block_and_merge`` in one Triton launch (``ddtree.models.split_merge_kernels``), the same
+    arguments; the result ``[Hkv, rows, d]`` in the queries' dtype. Dots of half-precision inputs run
+    on their own dtype with float32 sums, the probabilities cast to the values' dtype as the flash
+    kernel casts them; float32 inputs in IEEE float32."""
+    kv_heads, m, d = folded.shape
+    n, segments = keys.shape[1], out.shape[0]
+    if not (folded.stride(-1) == keys.stride(-1) == values.stride(-1) == out.stride(-1) == 1):
+        raise ValueError("triton_merge reads the head dim with unit stride")
+    if keys.stride() != values.stride() or not visible.is_contiguous():
+        raise ValueError("triton_merge wants keys and values of one layout and a contiguous visibility")
+    result = torch.empty(kv_heads, m, d, dtype=folded.dtype, device=folded.device)
+    block_d = max(16, 1 << (d - 1).bit_length())
+    block_m = 32 if block_d >= 256 else 64
+    grid = (math.ceil(m / block_m), kv_heads)
+    _triton_kernels().block_merge_kernel[grid](
+        folded, keys, values, visible, out, lse, lengths, result, scale, m, n, d, segments,
+        folded.stride(0), folded.stride(1), keys.stride(0), keys.stride(1), out.stride(0), out.stride(1),
+        out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2), result.stride(0), result.stride(1),
+        BM=block_m, BN=32, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32")
+    return result
 
 
 _MERGE: list[Callable] = []
@@ -240,7 +281,8 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
     heads over Hkv, head dim, dtype, segments), or None where none does: tried once per shape on
     random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside a capture),
     P = 0 and 1 among the lengths tried; first the compiled merge, then, where it disagrees or fails,
-    the plain one (more launches, the same math). On one H100 (torch 2.11) the compiled merge was
+    the Triton one (``triton_merge``, where Triton runs), then the plain one (more launches, the
+    same math). On one H100 (torch 2.11) the compiled merge was
     wrong (errors up to inf) at head dim 256 with 65 and 257 queries and at head dim 16 with 257,
     where the flash kernel and the plain merge were right (``docs/results/split_merge_diag_h100.json``).
     A shape this refuses stays on FlexAttention; either fallback is logged once."""
@@ -250,7 +292,8 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
     if shape not in _SERVES:
         length = 3000 + n
         reasons, chosen = [], None
-        for name, merge in (("compiled", None), ("plain", block_and_merge)):
+        merges = [("compiled", None)] + [("Triton", triton_merge)] * triton_available(query.device)
+        for name, merge in merges + [("plain", block_and_merge)]:
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
@@ -266,7 +309,7 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
         if reasons:
             log.warning("split attention for %d queries (%d over %d heads of %d, %s, %d segments): %s; %s", n,
                         q_heads, kv_heads, d, query.dtype, segments, "; ".join(reasons),
-                        "FlexAttention serves them" if chosen is None else "the plain merge serves them")
+                        "FlexAttention serves them" if chosen is None else f"the {name} merge serves them")
     return _SERVES[shape]
 
 

@@ -94,6 +94,46 @@ def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,n", [((24, 4, 256), 65), ((24, 4, 256), 257), ((4, 2, 16), 257), ((32, 8, 128), 65),
+                                     ((32, 8, 128), 1)])
+def test_the_triton_merge_equals_the_plain_merge_in_one_graph(heads, n, dtype):
+    """``triton_merge`` compiled on the GPU against ``block_and_merge`` in float32, on the split's own
+    inputs (the flash kernel's strided outputs, contiguous log-sum-exps, empty segments at P = 0 and 1),
+    captured in a CUDA graph and replayed at several prefix lengths; tolerance 2e-2 as above. The
+    first three shapes are those where the compiled merge went wrong on an H100."""
+    q_heads, kv_heads, d = heads
+    length, groups = 3000, q_heads // kv_heads
+    gen = torch.Generator().manual_seed(n)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    segments = split_attention.segments_for(n, groups, kv_heads, length, sms)
+    k, v = (torch.randn(1, kv_heads, length, d, generator=gen).to("cuda", dtype) for _ in range(2))
+    q = torch.randn(1, q_heads, n, d, generator=gen).to("cuda", dtype)
+    past = torch.zeros((), dtype=torch.long, device="cuda")
+    rows, visible = torch.zeros(n, dtype=torch.long, device="cuda"), torch.zeros(n, n, dtype=torch.bool, device="cuda")
+
+    def run():
+        return split_attention.split_attend(q, k, v, past, rows, visible, segments=segments,
+                                            merge=split_attention.triton_merge)
+
+    def place(p, vis):
+        past.fill_(p)
+        torch.arange(p, p + n, out=rows)
+        visible.copy_(vis)
+
+    place(1000, random_tree_visibility(n, gen).cuda())
+    run()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for p in (0, 1, 127, 1000, length - n):
+        place(p, random_tree_visibility(n, gen).cuda())
+        graph.replay()
+        expected = split_attention.split_attend(q, k, v, past, rows, visible, segments=segments,
+                                                merge=split_attention.block_and_merge)
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_one_graph_per_size_serves_every_prefix_length(setup):
     model, prompts, refs, _ = setup
     target = StaticTarget(model, max_length=1024, attention="flex", prefill_chunk=128)

@@ -1,24 +1,19 @@
 """The Triton tree delta rule against the torch math, run by Triton's interpreter on the CPU
 (skipped where Triton is not installed, as in CI; the GPU suite runs it compiled)."""
 
-import sys
-
 import pytest
 import torch
 
 from ddtree.models import gdn_tree_triton
 from ddtree.models.gdn_tree import ancestor_matrix, delta_rule_tensors, l2norm
+from ddtree.testing import triton_interpreted
 
 
 @pytest.fixture
-def interpreted(monkeypatch):
+def interpreted():
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernels are decorated, at their import
-    monkeypatch.delitem(sys.modules, "ddtree.models.gdn_tree_kernels", raising=False)
-    gdn_tree_triton._kernels.cache_clear()
-    yield
-    sys.modules.pop("ddtree.models.gdn_tree_kernels", None)
-    gdn_tree_triton._kernels.cache_clear()
+    with triton_interpreted("ddtree.models.gdn_tree_kernels", gdn_tree_triton._kernels):
+        yield
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddtree.models import split_attention as sa
-from ddtree.testing import prefix_and_block_mask, random_tree_visibility
+from ddtree.testing import prefix_and_block_mask, random_tree_visibility, triton_interpreted
 
 
 @settings(max_examples=40, deadline=None)
@@ -70,8 +70,9 @@ def test_packed_and_padded_log_sum_exps_read_alike():
     lse = torch.arange(2 * 3 * 4, dtype=torch.float32)
     packed = lse.view(2, 3 * 4)  # [Hkv, S * rows]
     padded = lse.view(2, 3, 4).transpose(0, 1).contiguous()  # [S, Hkv, rows]
-    torch.testing.assert_close(sa._lse_by_segment(packed, 3, 2, 4), padded)
-    torch.testing.assert_close(sa._lse_by_segment(torch.cat([padded, padded], -1), 3, 2, 4), padded)
+    for got in (sa._lse_by_segment(packed, 3, 2, 4), sa._lse_by_segment(torch.cat([padded, padded], -1), 3, 2, 4)):
+        torch.testing.assert_close(got, padded)
+        assert got.is_contiguous()  # what the compiled merge gets (see _lse_by_segment)
 
 
 def test_the_split_stays_off_the_cpu_and_float32():
@@ -132,3 +133,59 @@ def test_a_shape_the_compiled_merge_gets_wrong_falls_back_to_the_plain_merge_the
     assert calls == [(2, None), (3, None), (3, sa.block_and_merge), (4, None), (4, sa.block_and_merge)]
     assert "differs from the reference by 7" in caplog.text and "the plain merge serves them" in caplog.text
     assert "RuntimeError: no kernel for this shape" in caplog.text and "FlexAttention serves them" in caplog.text
+
+
+@pytest.fixture
+def interpreted():
+    pytest.importorskip("triton")
+    with triton_interpreted("ddtree.models.split_merge_kernels", sa._triton_kernels):
+        yield
+
+
+@pytest.mark.parametrize("kv_heads, groups, d, n, segments, empty", [
+    (2, 2, 16, 5, 3, 1), (1, 3, 24, 40, 2, 0), (2, 1, 32, 1, 4, 4), (1, 4, 16, 70, 1, 0), (2, 2, 64, 33, 5, 2)])
+def test_the_triton_merge_equals_the_merge_in_tensor_ops(interpreted, kv_heads, groups, d, n, segments, empty):
+    """``triton_merge`` (Triton's interpreter on the CPU, float32) against ``block_and_merge``: random
+    trees, the prefix outputs in the strided layout the flash kernel leaves, ``empty`` segments with no
+    keys (all of them: P = 0), head dims that are not powers of two, more rows than one program holds."""
+    gen = torch.Generator().manual_seed(n * 7 + d)
+    m = groups * n
+    folded = torch.randn(kv_heads, m, d, generator=gen)
+    keys, values = (torch.randn(kv_heads, n, d, generator=gen) for _ in range(2))
+    visible = random_tree_visibility(n, gen)
+    out = torch.randn(segments * m, kv_heads, d, generator=gen).view(segments, m, kv_heads, d).transpose(1, 2)
+    lse = torch.randn(segments, kv_heads, m, generator=gen)
+    lengths = torch.tensor([5] * (segments - empty) + [0] * empty)
+    want = sa.block_and_merge(folded, keys, values, visible, out, lse, lengths, d**-0.5)
+    got = sa.triton_merge(folded, keys, values, visible, out, lse, lengths, d**-0.5)
+    assert got.dtype == folded.dtype
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_split_through_the_triton_merge_equals_dense_attention(interpreted):
+    gen = torch.Generator().manual_seed(5)
+    n, past, length = 9, 300, 400
+    vis = random_tree_visibility(n, gen)
+    q = torch.randn(1, 4, n, 16, generator=gen)
+    k, v = (torch.randn(1, 2, length, 16, generator=gen) for _ in range(2))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix_and_block_mask(past, vis, length),
+                                              enable_gqa=True)
+    got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, segments=3,
+                          prefix=sa.prefix_reference, merge=sa.triton_merge)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(monkeypatch, caplog):
+    tried = []
+
+    def disagreement(n, *args, merge=None, **kwargs):
+        tried.append(merge)
+        return 0.0 if merge is sa.triton_merge else 1.0  # the compiled merge is wrong here
+
+    monkeypatch.setattr(sa, "_disagreement", disagreement)
+    monkeypatch.setattr(sa, "_SERVES", {})
+    monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    with caplog.at_level("WARNING", logger=sa.__name__):
+        assert sa.serves(torch.zeros(1, 4, 2, 16), torch.zeros(1, 2, 100, 16), 3) is sa.triton_merge
+    assert tried == [None, sa.triton_merge]
+    assert "the Triton merge serves them" in caplog.text

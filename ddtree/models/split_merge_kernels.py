@@ -1,0 +1,80 @@
+"""Triton kernel of split attention's block part and merge (``split_attention`` holds the math and the launcher).
+
+Imported only where Triton is installed (``split_attention._triton_kernels``). One program owns a
+K/V head and ``BM`` folded query rows: it runs the rows' attention over the block's own keys with
+an online softmax (keys in tiles of ``BN``, the ``[n, n]`` visibility read per tile), then folds in
+each prefix segment as one more term of the same softmax, weighted by its log-sum-exp, and writes
+the normalised output in the output's dtype. One launch replaces the dozen or more of the merge in
+tensor ops.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _shift(m_i, new_max):
+    """The online softmax's shift for a running max moving from ``m_i`` to ``new_max``, and the factor
+    for what was summed so far. A row that has seen only -inf keeps shift 0 (its weights are all 0)."""
+    safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+    return safe, tl.exp(m_i - safe)
+
+
+@triton.jit
+def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, res_ptr, scale, m, n, d, segments,
+                       sq_h, sq_r, sk_h, sk_r, so_s, so_h, so_r, sl_s, sl_h, sl_r, sr_h, sr_r,
+                       BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m, h = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    live = rows < m
+    dd = tl.arange(0, BD)
+    dmask = dd < d
+    q = tl.load(q_ptr + h * sq_h + rows[:, None] * sq_r + dd[None, :], mask=live[:, None] & dmask[None, :], other=0.0)
+    token = rows % n  # folded row i * n + t is token t's query for query head i of this K/V head
+    # Reductions through tl.reduce with this module's combine functions, and tl.full for zeros: the
+    # helpers of triton.language's standard library run in Triton's interpreter only if it was on
+    # when they were first imported, which a test process cannot promise.
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.full([BM], 0.0, tl.float32)
+    acc = tl.full([BM, BD], 0.0, tl.float32)
+    for start in range(0, n, BN):
+        cols = start + tl.arange(0, BN)
+        cmask = cols < n
+        k = tl.load(k_ptr + h * sk_h + cols[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
+                    other=0.0)
+        v = tl.load(v_ptr + h * sk_h + cols[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
+                    other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
+        seen = tl.load(vis_ptr + token[:, None] * n + cols[None, :], mask=live[:, None] & cmask[None, :], other=0)
+        scores = tl.where(seen != 0, scores, float("-inf"))
+        new_max = tl.maximum(m_i, tl.reduce(scores, 1, _maximum))
+        safe, alpha = _shift(m_i, new_max)
+        p = tl.exp(scores - safe[:, None])
+        l_i = l_i * alpha + tl.reduce(p, 1, _add)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = new_max
+    for s in range(0, segments):
+        length = tl.load(len_ptr + s)
+        lse = tl.load(lse_ptr + s * sl_s + h * sl_h + rows * sl_r, mask=live, other=float("-inf"))
+        lse = tl.where(length > 0, lse, float("-inf"))  # an empty segment adds nothing
+        out = tl.load(o_ptr + s * so_s + h * so_h + rows[:, None] * so_r + dd[None, :],
+                      mask=live[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        new_max = tl.maximum(m_i, lse)
+        safe, alpha = _shift(m_i, new_max)
+        weight = tl.exp(lse - safe)
+        l_i = l_i * alpha + weight
+        acc = acc * alpha[:, None] + weight[:, None] * out
+        m_i = new_max
+    result = acc / tl.where(live, l_i, 1.0)[:, None]  # every live row sees its own key: l_i > 0
+    tl.store(res_ptr + h * sr_h + rows[:, None] * sr_r + dd[None, :], result.to(res_ptr.dtype.element_ty),
+             mask=live[:, None] & dmask[None, :])
