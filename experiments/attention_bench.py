@@ -15,6 +15,9 @@ fails is recorded with its error:
   (``ddtree.models.split_attention``): the prefix through the variable-length flash kernel in
   segments, the tree block in tensor math, merged by log-sum-exps (for one query it is timed as
   if it served one).
+- ``split_plain`` / ``split_triton``: the same with the merge in eager tensor ops
+  (``block_and_merge``) / in one Triton launch (``triton_merge``) in place of the compiled one: what
+  a shape gets where the compiled merge disagrees with the reference (``split_attention.serves``).
 - ``sdpa``: ``scaled_dot_product_attention`` over the prefix alone, the query heads of each K/V
   head folded into the query length (no mask, no copy of K/V): the flash kernel's time for the
   prefix part of a split, without its log-sum-exp.
@@ -51,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 65, 257])
     p.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], metavar=("Q", "KV", "DIM"))
     p.add_argument("--segment", type=int, default=4096, help="split_flash: rows per segment of the prefix")
-    p.add_argument("--candidates", nargs="+", default=["flex", "split", "sdpa", "flash_lse", "split_flash"])
+    p.add_argument("--candidates", nargs="+", default=["flex", "split", "split_plain", "split_triton", "sdpa", "flash_lse", "split_flash"])
     p.add_argument("--buffer", type=int, default=None,
                    help="rows of the K/V buffers (a fast path's static cache, e.g. 132000); default: prefix + n")
     p.add_argument("--reps", type=int, default=20)
@@ -96,9 +99,18 @@ def candidates(q, keys, values, past: int, n: int, segment: int, layout: FlexLay
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs)[:2]
         return merge(out, lse)
 
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    cut = split_attention.segments_for(n, groups, hkv, keys.shape[2], sms)
+
+    def split_with(merge):
+        return lambda: split_attention.split_attend(q, keys, values, split.past, split.rows, split.visible,
+                                                    segments=cut, merge=merge, bounds=split.bounds(cut, groups * n))
+
     return {
         "flex": lambda: attend(q, keys, values, layout.block_mask),
         "split": lambda: attend(q, keys, values, split.block_mask),
+        "split_plain": split_with(split_attention.block_and_merge),
+        "split_triton": split_with(split_attention.triton_merge),
         "sdpa": lambda: F.scaled_dot_product_attention(folded, k, v),
         "flash_lse": lambda: torch.ops.aten._scaled_dot_product_flash_attention(folded, k, v)[:2],
         "split_flash": split_flash,
