@@ -14,6 +14,11 @@ of a K/V head are folded into the query rows (head ``j * groups + i``, token t -
 of K/V head j), and the prefix is cut into S segments that run as S sequences of a batch, so a short
 query still spreads over the GPU (flash-decoding's split over keys, with stock kernels).
 
+The block part and the merge run as one function with three implementations, the same math:
+``torch.compile``d (``_merge_kernel``), one Triton launch (``triton_merge``), and eager tensor ops
+(``block_and_merge``). ``serves`` picks the first that agrees with the reference at each shape: the
+compiled one was wrong at some shapes on an H100 (torch 2.11).
+
 The flash kernel takes bf16 and fp16 only: float32 verifies, the CPU, and query blocks of more than
 ``SPLIT_MAX_QUERIES`` rows (prefill chunks: their block part would be large) stay on FlexAttention.
 ``split_attend`` takes the prefix kernel as an argument, so the tests run the whole computation
@@ -171,8 +176,8 @@ _MERGE: list[Callable] = []
 
 def _merge_kernel(device: torch.device) -> Callable:
     """``block_and_merge``, compiled once on CUDA (a few fused kernels instead of a dozen launches a
-    layer), the plain function elsewhere. Where it does not compile, ``serves`` refuses the shape at
-    its first use and FlexAttention serves it."""
+    layer), the plain function elsewhere. Where it does not compile or disagrees with the reference,
+    ``serves`` gives the shape the Triton merge or the plain one, or FlexAttention."""
     if device.type != "cuda":
         return block_and_merge
     if not _MERGE:
