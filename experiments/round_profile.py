@@ -88,7 +88,8 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
             body = random_dflash_for(model, device=str(device), dtype=param.dtype)
             runs = {}
             for graphs in dict.fromkeys((gpu, False)):  # graphed and op by op; once off a GPU
-                drafter = DFlashDrafter(body, target, max_length=max_length, cuda_graphs=graphs, attention="dense")
+                drafter = DFlashDrafter(body, target, max_length=max_length, cuda_graphs=graphs, attention="dense",
+                                        fuse=args.fuse_drafter and gpu)  # op by op, the graph's kernels
                 target.set_taps(drafter.hidden_layers)
                 out = target.prefill(prompt)
                 drafter.reset(out)
@@ -147,6 +148,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also time the graphed draft of these drafters and profile it (none: skip; default: "
                         "dflash and, on hybrids, mtp)")
     p.add_argument("--mtp-steps", type=int, default=3)
+    p.add_argument("--fuse-drafter", action="store_true",
+                   help="the DFlash drafter's norms and MLP as compiled kernels (DFlashDrafter(fuse=True)), on a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("round_profile.json"))
     args = p.parse_args(argv)

@@ -13,6 +13,7 @@ rows and block-sparse FlexAttention reads only the live blocks (``ddtree.models.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -23,6 +24,7 @@ from ddtree.interfaces import Target
 from ddtree.models import flex_attention
 from ddtree.models.dflash import DFlashDraftModel
 from ddtree.models.flex_attention import FlexLayout
+from ddtree.models import fused
 from ddtree.models.fused import COMPILER_ERRORS
 from ddtree.types import Draft, TargetOutput, Verification
 
@@ -74,6 +76,9 @@ class DFlashDrafter:
     ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
     from 2 up to it runs a shorter one (fewer drafted depths). ``attention``: ``"dense"``,
     ``"flex"`` or ``"auto"`` (flex when graphed on CUDA over more than ``flex_threshold`` rows).
+    ``fuse``: the drafter's norms and MLP activations run as compiled kernels (``ddtree.models.fused``),
+    as the fast target's do, in its graph and in eager drafts; off by default until a GPU run has
+    timed it (``experiments/speed.py drafter_fuse=true``).
 
     >>> drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(path), target)   # doctest: +SKIP
     """
@@ -82,7 +87,7 @@ class DFlashDrafter:
 
     def __init__(self, model: DFlashDraftModel, target: Target, block_size: int | None = None,
                  max_length: int | None = None, cuda_graphs: bool | str = False, attention: str = "auto",
-                 flex_threshold: int = 4096) -> None:
+                 flex_threshold: int = 4096, fuse: bool = False) -> None:
         check_pair(model, target)
         self.model, self.target = model.eval(), target
         self.block_size = block_size_for(model, block_size)
@@ -93,6 +98,8 @@ class DFlashDrafter:
         if cuda_graphs not in (True, False, "auto"):
             raise ValueError(f"cuda_graphs must be true, false or auto, got {cuda_graphs!r}")
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"  # "auto": on CUDA
+        self.fuse = bool(fuse)
+        self._fuse_probed = False
         cfg = model.config
         shape = (1, cfg.num_key_value_heads, self.max_length, cfg.head_dim)
         self._keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]
@@ -210,23 +217,38 @@ class DFlashDrafter:
         count, length = (torch.zeros((), dtype=torch.long, device=self.device) for _ in range(2))
         length.fill_(self.length)  # warm-up writes land past the committed rows
         ids = torch.full((self.block_size,), cfg.mask_token_id, dtype=torch.long, device=self.device)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._graph_step(taps, count, length, ids)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._graph_step(taps, count, length, ids)
+        with self._fused():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # also compiles the fused kernels for these shapes, outside the capture
+                    self._graph_step(taps, count, length, ids)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._graph_step(taps, count, length, ids)
         return graph, taps, count, length, ids, out
+
+    def _fused(self) -> contextlib.AbstractContextManager:
+        """The fused kernels' context (``fuse``) for a graph's recording or an eager draft, or none.
+        They are compiled once on tiny tensors first; where that fails the stock ops run, with a warning."""
+        if self.fuse and not self._fuse_probed:
+            self._fuse_probed = True
+            try:
+                fused.probe(self.dtype, self.device)
+            except COMPILER_ERRORS as err:
+                log.warning("torch.compile does not work here (%s: %s), so the DFlash drafter runs the stock norms "
+                            "and MLPs: the same drafts, slower", type(err).__name__, (str(err).splitlines() or [""])[0])
+                self.fuse = False
+        return fused.fused_ops(self.model) if self.fuse else contextlib.nullcontext()
 
     def draft(self, root_token: int) -> Draft:
         if not self.cuda_graphs:
-            self._absorb()
             ids = torch.full((self.block_size,), self.model.config.mask_token_id, dtype=torch.long)
             ids[0] = root_token
-            return Draft(self._block_log_probs(ids.to(self.device), self.length))
+            with self._fused():
+                self._absorb()
+                return Draft(self._block_log_probs(ids.to(self.device), self.length))
         pending = self._pending
         if pending is not None and pending.shape[0] > self.block_size:
             self._absorb()  # more rows than one graph step takes (a prompt): eager

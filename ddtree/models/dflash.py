@@ -177,6 +177,22 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
+class DFlashMLP(nn.Module):
+    """The gated SiLU MLP (the checkpoint's ``mlp.gate_proj`` / ``up_proj`` / ``down_proj``). A module
+    of its own, with ``act_fn``, so that ``ddtree.models.fused`` can run its ``silu(gate) * up`` as one
+    kernel inside the drafter's graph."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
 class DFlashLayer(nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
@@ -184,16 +200,12 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.self_attn = DFlashAttention(cfg)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.mlp = nn.ModuleDict(
-            {"gate_proj": nn.Linear(h, i, bias=False), "up_proj": nn.Linear(h, i, bias=False), "down_proj": nn.Linear(i, h, bias=False)}
-        )
+        self.mlp = DFlashMLP(h, i)
 
     def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, cos: Tensor, sin: Tensor,
                 mask: Tensor | FlexLayout | None = None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, mask)
-        h = self.post_attention_layernorm(x)
-        mlp = self.mlp
-        return x + mlp["down_proj"](F.silu(mlp["gate_proj"](h)) * mlp["up_proj"](h))
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashDraftModel(nn.Module):

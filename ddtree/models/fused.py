@@ -1,5 +1,5 @@
 """Fused RMSNorm, rotary embedding and SiLU-and-mul for a captured verify forward (Qwen3, Llama; the
-norms and MLPs of Qwen3.5/3.6 hybrids).
+norms and MLPs of Qwen3.5/3.6 hybrids and of the DFlash drafter).
 
 Inside a CUDA graph the launches stay, only the CPU cost goes: an eager RMSNorm is ~7 tiny
 kernels (to float32, pow, mean, add eps, rsqrt, mul, to dtype, mul weight), the rotary embedding
@@ -41,11 +41,14 @@ ROTARY_GLOBAL = "apply_rotary_pos_emb"
 # Qwen3.5/3.6 (hybrid GDN) parts: norms of their own formulas, each with its fused twin below, and
 # the stock SiLU MLP. Their partial rotary keeps the stock function.
 QWEN35 = "transformers.models.qwen3_5.modeling_qwen3_5"
+# The DFlash drafter's own norm has the Qwen3 formula, and its MLP the stock SiLU one.
+DFLASH = "ddtree.models.dflash"
 OTHER_NORMS: tuple[tuple[str, str, str], ...] = (  # (module, class, fused function name)
     (QWEN35, "Qwen3_5RMSNorm", "rms_norm_offset"),
     (QWEN35, "Qwen3_5RMSNormGated", "rms_norm_gated"),
+    (DFLASH, "RMSNorm", "rms_norm"),
 )
-OTHER_MLPS: tuple[tuple[str, str], ...] = ((QWEN35, "Qwen3_5MLP"),)
+OTHER_MLPS: tuple[tuple[str, str], ...] = ((QWEN35, "Qwen3_5MLP"), (DFLASH, "DFlashMLP"))
 
 
 # -- the stock math, as free functions -------------------------------------------------------

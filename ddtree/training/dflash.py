@@ -86,7 +86,7 @@ def new_dflash(target_model, mask_token_id: int, block_size: int = 16, num_layer
     with torch.no_grad():  # nn.Linear's default init; shrink residual writes so depth starts near identity
         for layer in model.layers:
             layer.self_attn.o_proj.weight.mul_(1.0 / math.sqrt(2 * num_layers))
-            layer.mlp["down_proj"].weight.mul_(1.0 / math.sqrt(2 * num_layers))
+            layer.mlp.down_proj.weight.mul_(1.0 / math.sqrt(2 * num_layers))
     return model.to(target_model.device)
 
 
@@ -127,7 +127,7 @@ def grow_dflash(drafter: DFlashDraftModel, num_layers: int, target_layer_ids: tu
             layer.load_state_dict(drafter.layers[i].state_dict())
         else:
             layer.self_attn.o_proj.weight.zero_()
-            layer.mlp["down_proj"].weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
     return grown.train(drafter.training)
 
 

@@ -272,3 +272,43 @@ def test_rebuilt_functions_read_the_override_and_keep_their_decorators():
     # A wrapper that does not hold what it wraps in a cell cannot be rebuilt.
     opaque = functools.partial(scaled)
     assert fused._with_globals(opaque, {}) is None
+
+
+@torch.no_grad()
+def test_the_dflash_drafter_gets_the_fused_norms_and_mlp_bitwise(tiny_models):
+    """The drafter's own RMSNorm (the Qwen3 formula) and gated SiLU MLP run through ``rms_norm`` and
+    ``silu_mul``: every one of them patched, the block pass and the context K/V bitwise the stock ones."""
+    from ddtree.models.dflash import DFlashMLP, RMSNorm
+    from ddtree.testing import tiny_dflash
+
+    drafter = tiny_dflash(tiny_models["qwen3"])
+    cfg = drafter.config
+    gen = torch.Generator().manual_seed(3)
+    taps = torch.randn(6, len(cfg.target_layer_ids) * cfg.hidden_size, generator=gen)
+    block = torch.randn(1, 4, cfg.hidden_size, generator=gen)
+
+    def run():
+        context = drafter.context_kv(taps, torch.arange(6))
+        return drafter(block, torch.arange(6, 10), context), context
+
+    ref, ref_context = run()
+    with fused_ops(drafter, compile=False) as count:
+        out, context = run()
+        patched = [m for m in drafter.modules() if "forward" in m.__dict__]
+    expected = sum(isinstance(m, (RMSNorm, DFlashMLP)) for m in drafter.modules())
+    assert count == len(patched) == expected == 5 * cfg.num_hidden_layers + 2  # 4 norms and an MLP a layer, 2 more norms
+    assert torch.equal(out, ref)
+    assert all(torch.equal(a, b) for pair, ref_pair in zip(context, ref_context) for a, b in zip(pair, ref_pair))
+    assert not fused._PATCHES
+
+
+def test_the_dflash_drafter_fuses_when_asked(tiny_models):
+    from ddtree.drafters import DFlashDrafter
+    from ddtree.models import HFTarget
+    from ddtree.testing import tiny_dflash
+
+    target = HFTarget(tiny_models["qwen3"])
+    body = tiny_dflash(tiny_models["qwen3"])
+    assert not DFlashDrafter(body, target, max_length=64).fuse  # off unless asked
+    assert not DFlashDrafter(body, target, max_length=64, cuda_graphs="auto").fuse
+    assert DFlashDrafter(body, target, max_length=64, fuse=True).fuse
