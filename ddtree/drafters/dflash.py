@@ -76,7 +76,7 @@ class DFlashDrafter:
     ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
     from 2 up to it runs a shorter one (fewer drafted depths). ``attention``: ``"dense"``,
     ``"flex"`` or ``"auto"`` (flex when graphed on CUDA over more than ``flex_threshold`` rows).
-    ``fuse``: the drafter's norms and MLP activations run as compiled kernels (``ddtree.models.fused``),
+    ``fuse``: the drafter's norms, MLP activations and rotary run as compiled kernels (``ddtree.models.fused``),
     as the fast target's do, in its graph and in eager drafts; off by default until a GPU run has
     timed it (``experiments/speed.py drafter_fuse=true``).
 

@@ -98,6 +98,15 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 
     return q_embed, k_embed
 
 
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The DFlash drafter's ``apply_rope(x, cos, sin)``: one tensor's rotary."""
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+# The DFlash attention's rotary: the module global its methods read, and those methods.
+DFLASH_ROPE = ("apply_rope", ("forward", "keys_values"))
+
+
 _COMPILED: dict[Callable, Callable] = {}
 
 
@@ -130,6 +139,7 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     compiled(silu_mul)(x, x)
     q, cos = torch.ones(1, 2, 2, 8, dtype=dtype, device=device), torch.ones(1, 2, 8, dtype=dtype, device=device)
     compiled(rotary)(q, q, cos, cos)  # q, k [b, heads, n, head_dim]; cos, sin [b, n, head_dim]
+    compiled(rope)(q, cos[:, None], cos[:, None])  # the DFlash drafter's: x [b, heads, n, d], cos [b, 1, n, d]
     w = torch.ones(8, dtype=dtype, device=device)
     compiled(rms_norm_offset)(x, w, 1e-6)
     compiled(rms_norm_gated)(x, x, w, 1e-6)
@@ -294,6 +304,26 @@ def _mlp_forward(module: nn.Module, fn: Callable) -> Callable:
     return forward
 
 
+def _fuse_dflash_rope(model: nn.Module, fn: Callable, owner: object) -> None:
+    """The DFlash drafter's attention modules run ``fn`` for their rotary: each method of
+    ``DFLASH_ROPE`` that reads the global gets an instance attribute rebuilt over it (a module
+    with one of those attributes of its own, not set by a context, is left alone)."""
+    from ddtree.models import dflash  # at use: fusing a target needs none of the drafter's code
+
+    name, methods = DFLASH_ROPE
+    modules = [m for m in model.modules() if type(m) is dflash.DFlashAttention
+               and all(meth not in vars(m) or (id(m), meth) in _PATCHES for meth in methods)]
+    if not modules:
+        return
+    for meth in methods:
+        rebuilt = _with_globals(getattr(dflash.DFlashAttention, meth), {name: fn})
+        if rebuilt is None or name not in rebuilt.__code__.co_names:
+            log.warning("DFlashAttention.%s has an unknown shape; its rotary is left unfused", meth)
+            continue
+        for m in modules:
+            _push(m, meth, types.MethodType(rebuilt, m), owner)
+
+
 @contextlib.contextmanager
 def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
     """Run ``model``'s RMSNorms, SiLU MLPs and rotary embedding (Qwen3/Llama; Qwen3.5 norms and MLPs)
@@ -348,6 +378,7 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
                 continue
             for m in modules:
                 _push(m, "forward", types.MethodType(forward, m), owner)
+        _fuse_dflash_rope(model, wrap(rope), owner)
         yield patched
     finally:
         _pop_all(owner)

@@ -276,9 +276,10 @@ def test_rebuilt_functions_read_the_override_and_keep_their_decorators():
 
 @torch.no_grad()
 def test_the_dflash_drafter_gets_the_fused_norms_and_mlp_bitwise(tiny_models):
-    """The drafter's own RMSNorm (the Qwen3 formula) and gated SiLU MLP run through ``rms_norm`` and
-    ``silu_mul``: every one of them patched, the block pass and the context K/V bitwise the stock ones."""
-    from ddtree.models.dflash import DFlashMLP, RMSNorm
+    """The drafter's own RMSNorm (the Qwen3 formula), gated SiLU MLP and rotary run through ``rms_norm``,
+    ``silu_mul`` and ``rope``: every one of them patched, the block pass and the context K/V bitwise the
+    stock ones, nothing left afterwards."""
+    from ddtree.models.dflash import DFlashAttention, DFlashMLP, RMSNorm
     from ddtree.testing import tiny_dflash
 
     drafter = tiny_dflash(tiny_models["qwen3"])
@@ -294,12 +295,15 @@ def test_the_dflash_drafter_gets_the_fused_norms_and_mlp_bitwise(tiny_models):
     ref, ref_context = run()
     with fused_ops(drafter, compile=False) as count:
         out, context = run()
-        patched = [m for m in drafter.modules() if "forward" in m.__dict__]
+        patched = [m for m in drafter.modules() if isinstance(m, (RMSNorm, DFlashMLP)) and "forward" in m.__dict__]
+        rotaries = [m for m in drafter.modules() if isinstance(m, DFlashAttention)
+                    and {"forward", "keys_values"} <= set(m.__dict__)]
     expected = sum(isinstance(m, (RMSNorm, DFlashMLP)) for m in drafter.modules())
     assert count == len(patched) == expected == 5 * cfg.num_hidden_layers + 2  # 4 norms and an MLP a layer, 2 more norms
+    assert len(rotaries) == cfg.num_hidden_layers  # each attention's rotary through ``fused.rope``
     assert torch.equal(out, ref)
     assert all(torch.equal(a, b) for pair, ref_pair in zip(context, ref_context) for a, b in zip(pair, ref_pair))
-    assert not fused._PATCHES
+    assert not fused._PATCHES and not [m for m in drafter.modules() if {"forward", "keys_values"} & set(m.__dict__)]
 
 
 def test_the_dflash_drafter_fuses_when_asked(tiny_models):
@@ -312,3 +316,17 @@ def test_the_dflash_drafter_fuses_when_asked(tiny_models):
     assert not DFlashDrafter(body, target, max_length=64).fuse  # off unless asked
     assert not DFlashDrafter(body, target, max_length=64, cuda_graphs="auto").fuse
     assert DFlashDrafter(body, target, max_length=64, fuse=True).fuse
+
+
+@torch.no_grad()
+def test_the_dflash_rotary_goes_through_rope(tiny_models, monkeypatch):
+    from ddtree.testing import tiny_dflash
+
+    drafter, calls = tiny_dflash(tiny_models["qwen3"]), []
+    original = fused.rope
+    monkeypatch.setattr(fused, "rope", lambda *args: calls.append(1) or original(*args))
+    cfg = drafter.config
+    taps = torch.randn(3, len(cfg.target_layer_ids) * cfg.hidden_size)
+    with fused_ops(drafter, compile=False):
+        drafter(torch.randn(1, 4, cfg.hidden_size), torch.arange(3, 7), drafter.context_kv(taps, torch.arange(3)))
+    assert len(calls) == 3 * cfg.num_hidden_layers  # per layer: the context's k, then the block's q and k
