@@ -155,11 +155,14 @@ def test_flex_graphed_strategies_are_greedy(setup, sequence, drafter_kind, atten
         assert target._graphs and target._flex_graphs  # both kinds, one target
 
 
-def test_flex_drafter_graph_drafts_what_the_eager_drafter_drafts(setup):
+@pytest.mark.parametrize("fuse", [False, True], ids=["stock", "fused"])
+def test_flex_drafter_graph_drafts_what_the_eager_drafter_drafts(setup, fuse):
+    """The graphed FlexAttention drafter, with its norms, MLP and rotary as compiled kernels or not
+    (``fuse``), drafts the eager stock drafter's log-probs within 1e-4 in fp32."""
     model, prompts, _, dflash = setup
     target = StaticTarget(model, max_length=1024, cuda_graphs=False, attention="dense")
     eager = DFlashDrafter(dflash, target, BLOCK, max_length=1024, attention="dense")
-    graphed = DFlashDrafter(dflash, target, BLOCK, max_length=1024, cuda_graphs=True, attention="flex")
+    graphed = DFlashDrafter(dflash, target, BLOCK, max_length=1024, cuda_graphs=True, attention="flex", fuse=fuse)
     target.set_taps(eager.hidden_layers)
     with torch.inference_mode():
         prompt = target.prefill(prompts[3].cuda())
@@ -167,6 +170,7 @@ def test_flex_drafter_graph_drafts_what_the_eager_drafter_drafts(setup):
             drafter.reset(prompt)
         for root in (5, 9, 17):
             torch.testing.assert_close(graphed.draft(root).log_probs, eager.draft(root).log_probs, atol=1e-4, rtol=1e-4)
+    assert graphed.fuse == fuse  # no silent fall back to the stock ops
 
 
 @pytest.mark.parametrize("strategy", ["dflash", "ddtree-64"])
