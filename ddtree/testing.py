@@ -445,17 +445,21 @@ def triton_interpreted(module: str, *loaders) -> Iterator[None]:
     >>> with triton_interpreted("ddtree.models.split_merge_kernels", split_attention._triton_kernels):  # doctest: +SKIP
     ...     split_attention.triton_merge(...)
     """
+    def forget() -> None:  # the module, its parent package's attribute for it, the loaders' caches
+        sys.modules.pop(module, None)
+        parent, _, name = module.rpartition(".")
+        if parent in sys.modules and name in vars(sys.modules[parent]):
+            delattr(sys.modules[parent], name)  # else ``from parent import name`` returns the stale one
+        for loader in loaders:
+            loader.cache_clear()
+
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    sys.modules.pop(module, None)
-    for loader in loaders:
-        loader.cache_clear()
+    forget()
     try:
         yield
     finally:
-        sys.modules.pop(module, None)
-        for loader in loaders:
-            loader.cache_clear()
+        forget()
         if previous is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:

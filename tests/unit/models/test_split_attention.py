@@ -189,3 +189,28 @@ def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(mo
         assert sa.serves(torch.zeros(1, 4, 2, 16), torch.zeros(1, 2, 100, 16), 3) is sa.triton_merge
     assert tried == [None, sa.triton_merge]
     assert "the Triton merge serves them" in caplog.text
+
+
+@pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (90, "bf16", 128),
+                                                   (90, "bf16", 16)])
+def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
+    """Triton compiles the kernel ahead of time for sm_80 (A100), sm_86 (A6000) and sm_90 (H100/H200)
+    with no GPU present, at the tile sizes ``triton_merge`` picks: a kernel that does not build for a
+    card fails here, before any GPU run."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = sa._triton_kernels().block_merge_kernel
+    floats = {"lse_ptr": "*fp32", "len_ptr": "*i64", "vis_ptr": "*i1", "scale": "fp32"}
+    constexprs = {"BM": 32 if head_dim >= 256 else 64, "BN": 32, "BD": head_dim, "PRECISION": "tf32"}
+    signature = {name: "constexpr" if name in constexprs else floats.get(name, f"*{dtype}" if name.endswith("_ptr")
+                 else "i32") for name in kernel.arg_names}
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32))
+    except (FileNotFoundError, RuntimeError) as err:
+        if "ptxas" in str(err):
+            pytest.skip(f"no ptxas for an ahead-of-time build: {err}")
+        raise
+    assert compiled.metadata.shared <= 99 * 1024  # fits an sm_86 block's shared memory
