@@ -149,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "dflash and, on hybrids, mtp)")
     p.add_argument("--mtp-steps", type=int, default=3)
     p.add_argument("--fuse-drafter", action="store_true",
-                   help="the DFlash drafter's norms and MLP as compiled kernels (DFlashDrafter(fuse=True)), on a GPU")
+                   help="the DFlash drafter's norms, MLP and rotary as compiled kernels (DFlashDrafter(fuse=True)), on a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("round_profile.json"))
     args = p.parse_args(argv)
@@ -173,25 +173,14 @@ TINY_DENSE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hi
 def build(args):
     """The model of ``args.geometry`` (shrunk by --tiny / --layers) and its fast target's class."""
     dense = args.geometry in QWEN3
-    if not dense:
-        sizes = dict(TINY) if args.tiny else {}
-        if args.layers is not None:
-            sizes["num_hidden_layers"] = args.layers
-        return random_hybrid(None if args.tiny else args.geometry, device=args.device, seed=args.seed, **sizes), \
-            StaticHybridTarget
-    if args.tiny or args.layers is not None:
-        from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        hidden, inter, layers, heads, kv = QWEN3[args.geometry]
-        sizes = dict(TINY_DENSE) if args.tiny else dict(
-            vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
-            num_key_value_heads=kv, head_dim=128)
-        sizes["num_hidden_layers"] = args.layers or sizes.get("num_hidden_layers", layers)
-        dtype = torch.bfloat16 if args.device != "cpu" else torch.float32
-        with torch.device(args.device):
-            model = Qwen3ForCausalLM(Qwen3Config(attn_implementation="sdpa", **sizes)).to(dtype)
-        return model.eval(), StaticTarget
-    return random_qwen3(args.geometry, device=args.device), StaticTarget
+    sizes = dict(TINY_DENSE if dense else TINY) if args.tiny else {}
+    if args.layers is not None:
+        sizes["num_hidden_layers"] = args.layers
+    if dense:
+        dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+        return random_qwen3(args.geometry, device=args.device, dtype=dtype, **sizes), StaticTarget
+    return random_hybrid(None if args.tiny else args.geometry, device=args.device, seed=args.seed, **sizes), \
+        StaticHybridTarget
 
 
 def sync(device: torch.device) -> None:

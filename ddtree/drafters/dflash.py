@@ -21,10 +21,9 @@ import torch
 from torch import Tensor
 
 from ddtree.interfaces import Target
-from ddtree.models import flex_attention
+from ddtree.models import flex_attention, fused
 from ddtree.models.dflash import DFlashDraftModel
 from ddtree.models.flex_attention import FlexLayout
-from ddtree.models import fused
 from ddtree.models.fused import COMPILER_ERRORS
 from ddtree.types import Draft, TargetOutput, Verification
 

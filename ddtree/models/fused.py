@@ -98,12 +98,8 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 
     return q_embed, k_embed
 
 
-def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The DFlash drafter's ``apply_rope(x, cos, sin)``: one tensor's rotary."""
-    return (x * cos) + (_rotate_half(x) * sin)
-
-
-# The DFlash attention's rotary: the module global its methods read, and those methods.
+# The DFlash attention's rotary: the module global its methods read (``ddtree.models.dflash.apply_rope``,
+# this project's own function, compiled as it is), and those methods.
 DFLASH_ROPE = ("apply_rope", ("forward", "keys_values"))
 
 
@@ -139,7 +135,9 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     compiled(silu_mul)(x, x)
     q, cos = torch.ones(1, 2, 2, 8, dtype=dtype, device=device), torch.ones(1, 2, 8, dtype=dtype, device=device)
     compiled(rotary)(q, q, cos, cos)  # q, k [b, heads, n, head_dim]; cos, sin [b, n, head_dim]
-    compiled(rope)(q, cos[:, None], cos[:, None])  # the DFlash drafter's: x [b, heads, n, d], cos [b, 1, n, d]
+    from ddtree.models.dflash import apply_rope  # the DFlash drafter's: x [b, heads, n, d], cos [b, 1, n, d]
+
+    compiled(apply_rope)(q, cos[:, None], cos[:, None])
     w = torch.ones(8, dtype=dtype, device=device)
     compiled(rms_norm_offset)(x, w, 1e-6)
     compiled(rms_norm_gated)(x, x, w, 1e-6)
@@ -304,13 +302,14 @@ def _mlp_forward(module: nn.Module, fn: Callable) -> Callable:
     return forward
 
 
-def _fuse_dflash_rope(model: nn.Module, fn: Callable, owner: object) -> None:
-    """The DFlash drafter's attention modules run ``fn`` for their rotary: each method of
-    ``DFLASH_ROPE`` that reads the global gets an instance attribute rebuilt over it (a module
+def _fuse_dflash_rope(model: nn.Module, wrap: Callable, owner: object) -> None:
+    """The DFlash drafter's attention modules run ``wrap(apply_rope)`` for their rotary: each method
+    of ``DFLASH_ROPE`` that reads the global gets an instance attribute rebuilt over it (a module
     with one of those attributes of its own, not set by a context, is left alone)."""
     from ddtree.models import dflash  # at use: fusing a target needs none of the drafter's code
 
     name, methods = DFLASH_ROPE
+    fn = wrap(getattr(dflash, name))
     modules = [m for m in model.modules() if type(m) is dflash.DFlashAttention
                and all(meth not in vars(m) or (id(m), meth) in _PATCHES for meth in methods)]
     if not modules:
@@ -378,7 +377,7 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
                 continue
             for m in modules:
                 _push(m, "forward", types.MethodType(forward, m), owner)
-        _fuse_dflash_rope(model, wrap(rope), owner)
+        _fuse_dflash_rope(model, wrap, owner)
         yield patched
     finally:
         _pop_all(owner)

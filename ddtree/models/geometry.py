@@ -18,16 +18,19 @@ QWEN3 = {
 }
 
 
-def random_qwen3(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, max_positions: int = 40960):
-    """A Qwen3 causal LM of a named geometry with random weights, built directly on ``device``."""
+def random_qwen3(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, max_positions: int = 40960,
+                 **sizes):
+    """A Qwen3 causal LM of a named geometry with random weights, built directly on ``device``;
+    ``sizes`` override its config fields (``num_hidden_layers`` for a shrunk stack)."""
     if name not in QWEN3:
         raise ValueError(f"unknown geometry {name!r}; known: {sorted(QWEN3)}")
     hidden, inter, layers, heads, kv = QWEN3[name]
-    config = Qwen3Config(
-        vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=128, max_position_embeddings=max_positions,
-        rope_theta=1_000_000.0, tie_word_embeddings=name == "qwen3-4b", attn_implementation="sdpa",
-    )
+    config = Qwen3Config(**{
+        **dict(vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+               num_attention_heads=heads, num_key_value_heads=kv, head_dim=128, max_position_embeddings=max_positions,
+               rope_theta=1_000_000.0, tie_word_embeddings=name == "qwen3-4b", attn_implementation="sdpa"),
+        **sizes,
+    })
     with torch.device(device):
         model = Qwen3ForCausalLM(config).to(dtype)
     return model.eval()

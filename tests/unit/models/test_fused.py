@@ -277,7 +277,7 @@ def test_rebuilt_functions_read_the_override_and_keep_their_decorators():
 @torch.no_grad()
 def test_the_dflash_drafter_gets_the_fused_norms_and_mlp_bitwise(tiny_models):
     """The drafter's own RMSNorm (the Qwen3 formula), gated SiLU MLP and rotary run through ``rms_norm``,
-    ``silu_mul`` and ``rope``: every one of them patched, the block pass and the context K/V bitwise the
+    ``silu_mul`` and its own ``apply_rope``, as the context's kernels: every one of them patched, the block pass and the context K/V bitwise the
     stock ones, nothing left afterwards."""
     from ddtree.models.dflash import DFlashAttention, DFlashMLP, RMSNorm
     from ddtree.testing import tiny_dflash
@@ -300,7 +300,7 @@ def test_the_dflash_drafter_gets_the_fused_norms_and_mlp_bitwise(tiny_models):
                     and {"forward", "keys_values"} <= set(m.__dict__)]
     expected = sum(isinstance(m, (RMSNorm, DFlashMLP)) for m in drafter.modules())
     assert count == len(patched) == expected == 5 * cfg.num_hidden_layers + 2  # 4 norms and an MLP a layer, 2 more norms
-    assert len(rotaries) == cfg.num_hidden_layers  # each attention's rotary through ``fused.rope``
+    assert len(rotaries) == cfg.num_hidden_layers  # each attention's rotary rebuilt over the context's kernel
     assert torch.equal(out, ref)
     assert all(torch.equal(a, b) for pair, ref_pair in zip(context, ref_context) for a, b in zip(pair, ref_pair))
     assert not fused._PATCHES and not [m for m in drafter.modules() if {"forward", "keys_values"} & set(m.__dict__)]
@@ -319,14 +319,28 @@ def test_the_dflash_drafter_fuses_when_asked(tiny_models):
 
 
 @torch.no_grad()
-def test_the_dflash_rotary_goes_through_rope(tiny_models, monkeypatch):
+def test_the_dflash_rotary_goes_through_the_compiled_kernel(tiny_models, monkeypatch):
+    """Inside the context the drafter's rotary runs what ``compiled`` made of ``apply_rope`` (a marker
+    here, so nothing compiles on the CPU), and outside it the stock function again."""
+    from ddtree.models import dflash
     from ddtree.testing import tiny_dflash
 
     drafter, calls = tiny_dflash(tiny_models["qwen3"]), []
-    original = fused.rope
-    monkeypatch.setattr(fused, "rope", lambda *args: calls.append(1) or original(*args))
+
+    def marked(fn):
+        if fn is not dflash.apply_rope:
+            return fn
+        return lambda *args: calls.append(1) or fn(*args)
+
+    monkeypatch.setattr(fused, "compiled", marked)
     cfg = drafter.config
     taps = torch.randn(3, len(cfg.target_layer_ids) * cfg.hidden_size)
-    with fused_ops(drafter, compile=False):
+
+    def run():
         drafter(torch.randn(1, 4, cfg.hidden_size), torch.arange(3, 7), drafter.context_kv(taps, torch.arange(3)))
+
+    with fused_ops(drafter, compile=True):
+        run()
     assert len(calls) == 3 * cfg.num_hidden_layers  # per layer: the context's k, then the block's q and k
+    run()
+    assert len(calls) == 3 * cfg.num_hidden_layers
