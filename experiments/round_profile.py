@@ -148,8 +148,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also time the graphed draft of these drafters and profile it (none: skip; default: "
                         "dflash and, on hybrids, mtp)")
     p.add_argument("--mtp-steps", type=int, default=3)
-    p.add_argument("--fuse-drafter", action="store_true",
-                   help="the DFlash drafter's norms, MLP and rotary as compiled kernels (DFlashDrafter(fuse=True)), on a GPU")
+    p.add_argument("--fuse-drafter", action=argparse.BooleanOptionalAction, default=True,
+                   help="the DFlash drafter's norms, MLP and rotary as compiled kernels (DFlashDrafter(fuse=True)), on a "
+                        "GPU, as the fast path runs it (--no-fuse-drafter: the stock ops)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("round_profile.json"))
     args = p.parse_args(argv)

@@ -112,7 +112,7 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
                                                 cuda_graphs=path == "fast" and cfg.cuda_graphs,
                                                 attention=cfg.get("attention", "auto") if path == "fast" else "dense",
                                                 flex_threshold=cfg.get("flex_threshold", 4096),
-                                                fuse=path == "fast" and bool(cfg.get("drafter_fuse", False)), **heads)
+                                                fuse=path == "fast" and bool(cfg.get("drafter_fuse", True)), **heads)
                 except Exception as err:  # e.g. a preset whose drafter this run has no weights for
                     print(f"{label} {path}: not built: {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
                     continue

@@ -50,6 +50,12 @@ M_BLOCK = 128  # query rows per flash program (sizing the split)
 # Every verify size a target serves is one compiled kernel, here and in FlexAttention (Dynamo's default
 # allows 8 per function; past it a ``fullgraph`` function raises).
 RECOMPILE_LIMIT = 64
+# From this many queries the Triton merge is tried before the compiled one: one H100, graphed, one layer
+# over a 132K-row buffer (experiments/attention_bench.py, us): at 65 queries Triton 132 / compiled 160
+# (Qwen3.6-27B heads, 8K), 99 / 101 (Qwen3-8B heads, 8K), 284 / 301 (27B, 32K); at 257 234 / 259 (8B,
+# 8K); at 16 queries the compiled one wins, 110 / 136 (27B, 8K) and 148 / 183 (27B, 32K): Triton's
+# programs (one per K/V head and 32-64 folded rows) are too few there to fill the GPU.
+TRITON_FIRST_QUERIES = 64
 
 PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
 
@@ -287,7 +293,7 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
     random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside a capture),
     P = 0 and 1 among the lengths tried; first the compiled merge, then, where it disagrees or fails,
     the Triton one (``triton_merge``, where Triton runs), then the plain one (more launches, the
-    same math). On one H100 (torch 2.11) the compiled merge was
+    same math); from ``TRITON_FIRST_QUERIES`` queries on, Triton before the compiled one (faster there). On one H100 (torch 2.11) the compiled merge was
     wrong (errors up to inf) at head dim 256 with 65 and 257 queries and at head dim 16 with 257,
     where the flash kernel and the plain merge were right (``docs/results/split_merge_diag_h100.json``).
     A shape this refuses stays on FlexAttention; either fallback is logged once."""
@@ -298,6 +304,8 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
         length = 3000 + n
         reasons, chosen = [], None
         merges = [("compiled", None)] + [("Triton", triton_merge)] * triton_available(query.device)
+        if n >= TRITON_FIRST_QUERIES:
+            merges.reverse()
         for name, merge in merges + [("plain", block_and_merge)]:
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):

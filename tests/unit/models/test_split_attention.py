@@ -191,6 +191,30 @@ def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(mo
     assert "the Triton merge serves them" in caplog.text
 
 
+def test_from_triton_first_queries_on_serves_tries_the_triton_merge_first(monkeypatch, caplog):
+    """Past ``TRITON_FIRST_QUERIES`` queries Triton is tried before the compiled merge (faster there);
+    where it fails, the compiled one and then the plain one follow."""
+    tried = []
+
+    def disagreement(n, *args, merge=None, **kwargs):
+        tried.append((n, merge))
+        if n == sa.TRITON_FIRST_QUERIES + 1 and merge is sa.triton_merge:
+            raise RuntimeError("out of resources")
+        return 0.0
+
+    monkeypatch.setattr(sa, "_disagreement", disagreement)
+    monkeypatch.setattr(sa, "_SERVES", {})
+    monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    k, first = torch.zeros(1, 2, 100, 16), sa.TRITON_FIRST_QUERIES
+    with caplog.at_level("WARNING", logger=sa.__name__):
+        assert sa.serves(torch.zeros(1, 4, first - 1, 16), k, 3) is sa._merge_kernel(k.device)
+        assert sa.serves(torch.zeros(1, 4, first, 16), k, 3) is sa.triton_merge
+        assert not caplog.text  # neither is a fallback
+        assert sa.serves(torch.zeros(1, 4, first + 1, 16), k, 3) is sa._merge_kernel(k.device)
+    assert tried == [(first - 1, None), (first, sa.triton_merge), (first + 1, sa.triton_merge), (first + 1, None)]
+    assert "Triton merge: RuntimeError: out of resources" in caplog.text and "the compiled merge serves" in caplog.text
+
+
 @pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (90, "bf16", 128),
                                                    (90, "bf16", 16)])
 def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
