@@ -293,9 +293,11 @@ def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
     random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside a capture),
     P = 0 and 1 among the lengths tried; first the compiled merge, then, where it disagrees or fails,
     the Triton one (``triton_merge``, where Triton runs), then the plain one (more launches, the
-    same math); from ``TRITON_FIRST_QUERIES`` queries on, Triton before the compiled one (faster there). On one H100 (torch 2.11) the compiled merge was
-    wrong (errors up to inf) at head dim 256 with 65 and 257 queries and at head dim 16 with 257,
-    where the flash kernel and the plain merge were right (``docs/results/split_merge_diag_h100.json``).
+    same math); from ``TRITON_FIRST_QUERIES`` queries on, Triton before the compiled one (faster
+    there). On one H100 (torch 2.11) the compiled merge was wrong (errors up to inf) at head dim 256
+    with 65 and 257 queries and at head dim 16 with 257, where the flash kernel and the plain merge
+    were right (``docs/results/split_merge_diag_h100.json``); with contiguous log-sum-exps it was
+    still wrong at head dim 256 with 257 queries (attention bench, 2026-12-06).
     A shape this refuses stays on FlexAttention; either fallback is logged once."""
     _, q_heads, n, d = query.shape
     kv_heads = key.shape[1]
