@@ -23,6 +23,12 @@ fails is recorded with its error:
   prefix part of a split, without its log-sum-exp.
 - ``flash_lse``: the same through ``aten._scaled_dot_product_flash_attention``, which returns the
   log-sum-exp a merge with the tree block needs.
+- ``cudnn_lse``: the prefix through cuDNN's attention (``aten._scaled_dot_product_cudnn_attention``)
+  with its log-sum-exp: where ``sdpa`` beats ``flash_lse``, whether a log-sum-exp kernel as fast
+  exists (its P is a shape: one graph per length).
+- ``efficient_lse``: the prefix through the memory-efficient kernel
+  (``aten._efficient_attention_forward``) over the whole buffer with the key count in a device tensor
+  (``seqlen_k``) and its log-sum-exp: graph-safe across P, as the split's flash call is.
 - ``split_flash``: the prefix cut into segments of --segment rows, run as a batch of segments
   (a strided view of the buffer, no copy), merged by their log-sum-exps: flash-decoding's split
   over keys, from stock kernels.
@@ -54,7 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 65, 257])
     p.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], metavar=("Q", "KV", "DIM"))
     p.add_argument("--segment", type=int, default=4096, help="split_flash: rows per segment of the prefix")
-    p.add_argument("--candidates", nargs="+", default=["flex", "split", "split_plain", "split_triton", "sdpa", "flash_lse", "split_flash"])
+    p.add_argument("--candidates", nargs="+", default=["flex", "split", "split_plain", "split_triton", "sdpa", "flash_lse",
+                                                        "cudnn_lse", "efficient_lse", "split_flash"])
     p.add_argument("--buffer", type=int, default=None,
                    help="rows of the K/V buffers (a fast path's static cache, e.g. 132000); default: prefix + n")
     p.add_argument("--reps", type=int, default=20)
@@ -106,6 +113,10 @@ def candidates(q, keys, values, past: int, n: int, segment: int, layout: FlexLay
         return lambda: split_attention.split_attend(q, keys, values, split.past, split.rows, split.visible,
                                                     segments=cut, merge=merge, bounds=split.bounds(cut, groups * n))
 
+    packed_k, packed_v = keys.transpose(1, 2), values.transpose(1, 2)  # [1, L, Hkv, d] views, unit-stride head dim
+    packed_q = folded.transpose(1, 2)  # [1, rows, Hkv, d]
+    seqlen_k = torch.full((1,), past, dtype=torch.int32, device=q.device)
+
     return {
         "flex": lambda: attend(q, keys, values, layout.block_mask),
         "split": lambda: attend(q, keys, values, split.block_mask),
@@ -113,6 +124,9 @@ def candidates(q, keys, values, past: int, n: int, segment: int, layout: FlexLay
         "split_triton": split_with(split_attention.triton_merge),
         "sdpa": lambda: F.scaled_dot_product_attention(folded, k, v),
         "flash_lse": lambda: torch.ops.aten._scaled_dot_product_flash_attention(folded, k, v)[:2],
+        "cudnn_lse": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(folded, k, v, None, True)[:2],
+        "efficient_lse": lambda: torch.ops.aten._efficient_attention_forward(
+            packed_q, packed_k, packed_v, None, None, None, None, None, 0.0, 0, True, seqlen_k=seqlen_k)[:2],
         "split_flash": split_flash,
     }
 
