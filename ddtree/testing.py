@@ -294,13 +294,14 @@ def per_node_delta_rule(q, k, v, g, beta, parents, s0):
 # -- the GPU suite's budget sequences: one target serving engine after engine ------------------
 
 def sequence_engine(target, budget, drafter_kind: str, prompts, refs, dflash, vocab: int, block: int,
-                    max_length: int = 512):
+                    max_length: int = 512, mask: str = "dense"):
     """The engine of one step of a budget sequence: ``budget`` is "ar", "chain", "mtp" (a random
     3-step MTP head) or a tree budget; ``drafter_kind`` "replay" (the known greedy text with swaps:
-    long accepted paths at no drafting cost), "dflash-graph", "dflash-flex-graph" or "dflash-eager"."""
+    long accepted paths at no drafting cost), "dflash-graph", "dflash-flex-graph" or "dflash-eager";
+    ``mask`` "dense" (``DenseMaskCompiler``) or "tree" (``TreeMaskCompiler``, the bool tree block alone)."""
     from ddtree import SpeculativeEngine
     from ddtree.drafters import DFlashDrafter, NullDrafter
-    from ddtree.masks import DenseMaskCompiler
+    from ddtree.masks import DenseMaskCompiler, TreeMaskCompiler
     from ddtree.trees import BestFirstTreeBuilder, ChainTreeBuilder
     from ddtree.verifiers import GreedyVerifier
 
@@ -316,14 +317,17 @@ def sequence_engine(target, budget, drafter_kind: str, prompts, refs, dflash, vo
         else:
             drafter = DFlashDrafter(dflash, target, block, max_length=max_length, cuda_graphs=drafter_kind != "dflash-eager",
                                     attention="flex" if drafter_kind == "dflash-flex-graph" else "auto")
-    return SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+    if mask not in ("dense", "tree"):
+        raise ValueError(f"mask={mask!r}: choose dense or tree")
+    compiler = TreeMaskCompiler() if mask == "tree" else DenseMaskCompiler()
+    return SpeculativeEngine(target, drafter, tree, compiler, GreedyVerifier())
 
 
 def check_budget_sequence(target, budgets, drafter_kind: str, prompts, refs, dflash, new: int, vocab: int,
-                          block: int, max_length: int = 512) -> None:
+                          block: int, max_length: int = 512, mask: str = "dense") -> None:
     """Every engine of the sequence, on the same target, returns the greedy reference on every prompt."""
     for budget in budgets:
-        engine = sequence_engine(target, budget, drafter_kind, prompts, refs, dflash, vocab, block, max_length)
+        engine = sequence_engine(target, budget, drafter_kind, prompts, refs, dflash, vocab, block, max_length, mask)
         for prompt, ref in zip(prompts, refs):
             tokens = engine.generate(prompt, max_new_tokens=new).tokens
             assert tokens == ref[:new], f"budget {budget}, prompt of {prompt.numel()} tokens: parts at " \

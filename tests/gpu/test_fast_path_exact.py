@@ -45,6 +45,15 @@ def test_budget_sequences_on_one_target_are_greedy(setup, sequence, drafter_kind
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
 
+@pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])
+def test_the_tree_block_mask_on_the_graphed_target_is_greedy(setup, drafter_kind):
+    """``mask=tree``: the loop hands on only the bool ``[n, n]`` tree block (``TreeMaskCompiler``),
+    which the graphed target writes into its own mask."""
+    model, prompts, refs, dflash = setup
+    check_budget_sequence(StaticTarget(model, max_length=512), SEQUENCES["all-strategies"], drafter_kind, prompts,
+                          refs, dflash, NEW, VOCAB, BLOCK, mask="tree")
+
+
 def test_llama_sizes_revisited_fused(setup):
     llama = fp32_cuda_pair(LENGTHS, NEW, BLOCK, VOCAB, seed=2, family="llama")
     _check_sequence(llama, StaticTarget(llama[0], max_length=512), "replay", [4, 2, 5, 4, "ar", 4])

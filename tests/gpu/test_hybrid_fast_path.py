@@ -52,6 +52,14 @@ def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, draft
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+def test_the_tree_block_mask_on_the_graphed_hybrid_is_greedy(setup, attention):
+    """``mask=tree`` (the bool ``[n, n]`` block alone) on the default hybrid fast path."""
+    model, prompts, refs, dflash = setup
+    check_budget_sequence(StaticHybridTarget(model, max_length=512, attention=attention), SEQUENCES["all-strategies"],
+                          "dflash-graph", prompts, refs, dflash, NEW, VOCAB, BLOCK, mask="tree")
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.sampled_from(["ar", "chain", 1, 2, 4, 7, 16, 64]), min_size=2, max_size=6))
 def test_any_budget_order_is_greedy_on_the_hybrid(setup, steps):
