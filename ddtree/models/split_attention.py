@@ -28,13 +28,16 @@ The flash kernel takes bf16 and fp16 only: float32 verifies, the CPU, and query 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import math
 from typing import Callable
 
 import torch
 from torch import Tensor
+
+# Whether a Triton kernel can run on a device (Triton installed, a CUDA GPU): the one check the GDN
+# kernels use too. The tests run ``triton_merge`` on the CPU through Triton's interpreter.
+from ddtree.models.gdn_tree_triton import available as triton_available
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +148,6 @@ def _triton_kernels():
     from ddtree.models import split_merge_kernels  # imports Triton
 
     return split_merge_kernels
-
-
-def triton_available(device: torch.device) -> bool:
-    """Whether ``triton_merge`` can run on ``device``: Triton is installed and the device is a CUDA GPU
-    (the tests run it on the CPU through Triton's interpreter)."""
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,

@@ -313,8 +313,8 @@ def test_the_dflash_drafter_fuses_when_asked(tiny_models):
 
     target = HFTarget(tiny_models["qwen3"])
     body = tiny_dflash(tiny_models["qwen3"])
-    assert not DFlashDrafter(body, target, max_length=64).fuse  # off unless asked
-    assert not DFlashDrafter(body, target, max_length=64, cuda_graphs="auto").fuse
+    assert not DFlashDrafter(body, target, max_length=64).fuse  # the default: on with CUDA graphs only
+    assert not DFlashDrafter(body, target, max_length=64, cuda_graphs="auto").fuse  # no graphs on the CPU
     assert DFlashDrafter(body, target, max_length=64, fuse=True).fuse
 
 
