@@ -194,11 +194,12 @@ def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, sca
         segments = split_attention.segments_for(query.shape[2], groups, key.shape[1], key.shape[2],
                                                 props.multi_processor_count)
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            merge = split_attention.serves(query, key, segments)
-            if merge is not None:
+            chosen = split_attention.serves(query, key, segments)
+            if chosen is not None:
                 bounds = layout.bounds(segments, groups * query.shape[2])
                 return split_attention.split_attend(query, key, value, layout.past, layout.rows, layout.visible,
-                                                    scale, segments=segments, merge=merge, bounds=bounds)
+                                                    scale, segments=segments, prefix=chosen[0], merge=chosen[1],
+                                                    bounds=bounds)
     options = kernel_options(query.shape[2], groups, query.dtype, (props.major, props.minor), head_dim=query.shape[-1],
                              kv_length=key.shape[2], kv_heads=key.shape[1], sms=props.multi_processor_count)
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):

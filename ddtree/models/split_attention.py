@@ -59,6 +59,8 @@ RECOMPILE_LIMIT = 64
 # 8K); at 16 queries the compiled one wins, 110 / 136 (27B, 8K) and 148 / 183 (27B, 32K): Triton's
 # programs (one per K/V head and 32-64 folded rows) are too few there to fill the GPU.
 TRITON_FIRST_QUERIES = 64
+# Whether ``serves`` tries the Triton prefix kernel (``prefix_triton``, with the Triton merge) first.
+TRITON_PREFIX = False
 
 PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
 
@@ -174,6 +176,41 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
     return result
 
 
+# (BM folded rows, BN keys, warps, stages) of ``prefix_triton``'s programs by padded head dim
+PREFIX_TILES: dict[int, tuple[int, int, int, int]] = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
+                                                      128: (64, 64, 4, 3), 256: (64, 32, 8, 2)}
+
+
+def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds,
+                  scale: float) -> tuple[Tensor, Tensor]:
+    """The prefix part in one Triton launch (``split_merge_kernels.prefix_segment_kernel``): ``folded``
+    ``[Hkv, m, d]`` queries over ``bounds.segments`` segments of ``key``/``value`` ``[Hkv, L, d]``
+    (the cache buffers, read in place), each from row ``bounds.starts[s]`` over ``bounds.lengths[s]``
+    keys (none: output 0, log-sum-exp -inf). Returns the segments' outputs ``[S, Hkv, m, d]`` in the
+    queries' dtype and log-sum-exps ``[S, Hkv, m]`` (float32): ``block_and_merge``'s ``out``/``lse``.
+    Half-precision dots sum in float32, probabilities cast to the values' dtype (as the flash kernel
+    does); float32 inputs in IEEE float32. A folded prefix kernel (``split_attend``)."""
+    kv_heads, m, d = folded.shape
+    if not (folded.stride(-1) == key.stride(-1) == value.stride(-1) == 1) or key.stride() != value.stride():
+        raise ValueError("prefix_triton reads the head dim with unit stride, keys and values of one layout")
+    segments = bounds.segments
+    out = torch.empty(segments, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
+    lse = torch.empty(segments, kv_heads, m, dtype=torch.float32, device=folded.device)
+    block_d = max(16, 1 << (d - 1).bit_length())
+    block_m, block_n, warps, stages = PREFIX_TILES[block_d]
+    grid = (math.ceil(m / block_m), kv_heads, segments)
+    _triton_kernels().prefix_segment_kernel[grid](
+        folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
+        folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
+        out.stride(2), lse.stride(0), lse.stride(1),
+        BM=block_m, BN=block_n, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+prefix_triton.folded = True  # takes the folded queries and the buffers as they are (see split_attend)
+
+
 _MERGE: list[Callable] = []
 
 
@@ -226,9 +263,13 @@ def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: 
     """``query`` ``[1, Hq, n, d]`` at rows ``rows`` (P..P+n-1, their keys already in the buffers)
     over ``key``/``value`` ``[1, Hkv, L, d]``: rows below ``past`` (P, a 0-dim device tensor) are
     all visible, the block's own through ``visible`` ``[n, n]``. Returns ``[1, Hq, n, d]``; no host
-    read of P, no shape depends on it (graph-safe with ``prefix_flash``). ``bounds``: the segments'
-    ``SegmentBounds`` for this P, ``segments`` and n x groups rows, kept up to date by the caller
-    (computed here when None)."""
+    read of P, no shape depends on it (graph-safe with ``prefix_flash`` and ``prefix_triton``).
+    ``bounds``: the segments' ``SegmentBounds`` for this P, ``segments`` and n x groups rows, kept up
+    to date by the caller (computed here when None). ``prefix``: a variable-length kernel
+    (``PrefixKernel``: packed queries, one sequence per segment) or, where it has ``folded = True``,
+    one that takes the folded queries ``[Hkv, m, d]``, the buffers ``[Hkv, L, d]`` and ``bounds`` and
+    returns the segments' ``[S, Hkv, m, d]`` outputs and ``[S, Hkv, m]`` log-sum-exps
+    (``prefix_triton``)."""
     _, q_heads, n, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = q_heads // kv_heads
@@ -239,11 +280,14 @@ def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: 
         bounds = SegmentBounds(past, segments, m)
     elif (bounds.segments, bounds.rows) != (segments, m):
         raise ValueError(f"bounds for {bounds.segments} segments of {bounds.rows} rows, not {segments} of {m}")
-    packed = folded.transpose(0, 1)  # [m, Hkv, d]
-    packed = packed.unsqueeze(0).expand(segments, m, kv_heads, d).reshape(segments * m, kv_heads, d)
-    out, lse = prefix(packed, key[0].transpose(0, 1), value[0].transpose(0, 1), bounds.cu_q, bounds.starts,
-                      bounds.used, m, length, scale)
-    out = out.view(segments, m, kv_heads, d).transpose(1, 2)  # [S, Hkv, m, d]
+    if getattr(prefix, "folded", False):
+        out, lse = prefix(folded, key[0], value[0], bounds, scale)
+    else:
+        packed = folded.transpose(0, 1)  # [m, Hkv, d]
+        packed = packed.unsqueeze(0).expand(segments, m, kv_heads, d).reshape(segments * m, kv_heads, d)
+        out, lse = prefix(packed, key[0].transpose(0, 1), value[0].transpose(0, 1), bounds.cu_q, bounds.starts,
+                          bounds.used, m, length, scale)
+        out = out.view(segments, m, kv_heads, d).transpose(1, 2)  # [S, Hkv, m, d]
     block_k, block_v = key[0].index_select(1, rows), value[0].index_select(1, rows)  # [Hkv, n, d]
     merged = (merge or _merge_kernel(query.device))(folded, block_k, block_v, visible, out, lse, bounds.lengths, scale)
     return merged.to(query.dtype).reshape(1, q_heads, n, d)
@@ -260,16 +304,17 @@ def splits(query: Tensor, key: Tensor) -> bool:
 
 
 _STATE = {"on": True, "probed": False}
-# (n, Hq, Hkv, d, dtype, segments) -> the merge that gave the reference's result there (None: neither did)
-_SERVES: dict[tuple, Callable | None] = {}
+# (n, Hq, Hkv, d, dtype, segments) -> the (prefix, merge) that gave the reference's result there (None: none did)
+_SERVES: dict[tuple, tuple[Callable, Callable] | None] = {}
 SERVES_TOLERANCE = 0.05  # the largest difference from the reference a shape may show (bf16/fp16 outputs)
 
 
 def _disagreement(n: int, q_heads: int, kv_heads: int, d: int, dtype: torch.dtype, device: torch.device,
-                  segments: int, pasts: tuple[int, ...], length: int, merge: Callable | None = None) -> float:
-    """The largest difference between ``split_attend`` (with ``merge``; None: the compiled one) and its
-    plain-math reference on random tensors of these shapes over a ``length``-row buffer, at each
-    prefix length of ``pasts``."""
+                  segments: int, pasts: tuple[int, ...], length: int, merge: Callable | None = None,
+                  prefix: Callable = prefix_flash) -> float:
+    """The largest difference between ``split_attend`` (with ``prefix`` and ``merge``; None: the compiled
+    merge) and its plain-math reference on random tensors of these shapes over a ``length``-row buffer,
+    at each prefix length of ``pasts``."""
     gen = torch.Generator(device).manual_seed(n)
     q = torch.randn(1, q_heads, n, d, device=device, dtype=dtype, generator=gen)
     k, v = (torch.randn(1, kv_heads, length, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
@@ -277,51 +322,60 @@ def _disagreement(n: int, q_heads: int, kv_heads: int, d: int, dtype: torch.dtyp
     error = 0.0
     for past in pasts:
         rows, p = torch.arange(past, past + n, device=device), torch.tensor(past, device=device)
-        got = split_attend(q, k, v, p, rows, visible, segments=segments, merge=merge)
+        got = split_attend(q, k, v, p, rows, visible, segments=segments, merge=merge, prefix=prefix)
         want = split_attend(q, k, v, p, rows, visible, segments=segments, prefix=prefix_reference,
                             merge=block_and_merge)
         error = max(error, (got.float() - want.float()).abs().max().item())
     return error
 
 
-def serves(query: Tensor, key: Tensor, segments: int) -> Callable | None:
-    """The merge with which the split gives the reference's result at this shape (n queries of Hq
-    heads over Hkv, head dim, dtype, segments), or None where none does: tried once per shape on
-    random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside a capture),
-    P = 0 and 1 among the lengths tried; first the compiled merge, then, where it disagrees or fails,
-    the Triton one (``triton_merge``, where Triton runs), then the plain one (more launches, the
-    same math); from ``TRITON_FIRST_QUERIES`` queries on, Triton before the compiled one (faster
-    there). On one H100 (torch 2.11) the compiled merge was wrong (errors up to inf) at head dim 256
-    with 65 and 257 queries and at head dim 16 with 257, where the flash kernel and the plain merge
-    were right (``docs/results/split_merge_diag_h100.json``); with contiguous log-sum-exps it was
-    still wrong at head dim 256 with 257 queries (attention bench, 2026-12-06).
+def _candidates(n: int, device: torch.device) -> list[tuple[str, Callable, Callable | None]]:
+    """(name, prefix kernel, merge) in the order ``serves`` tries them at n queries: the merges' names
+    mean the flash prefix; "Triton prefix" is ``prefix_triton`` with the Triton merge."""
+    triton = triton_available(device)
+    merges = [("compiled merge", prefix_flash, None)] + [("Triton merge", prefix_flash, triton_merge)] * triton
+    if n >= TRITON_FIRST_QUERIES:
+        merges.reverse()
+    first = [("Triton prefix", prefix_triton, triton_merge)] * (triton and TRITON_PREFIX)
+    return first + merges + [("plain merge", prefix_flash, block_and_merge)]
+
+
+def serves(query: Tensor, key: Tensor, segments: int) -> tuple[Callable, Callable] | None:
+    """The prefix kernel and merge with which the split gives the reference's result at this shape
+    (n queries of Hq heads over Hkv, head dim, dtype, segments), or None where none does: tried once
+    per shape on random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside
+    a capture), P = 0 and 1 among the lengths tried. The order (``_candidates``): where Triton runs
+    and ``TRITON_PREFIX`` is on, the Triton prefix with the Triton merge; then the flash prefix with
+    the compiled merge, then with the Triton one (from ``TRITON_FIRST_QUERIES`` queries on, Triton
+    before the compiled one: faster there); then with the plain merge (more launches, the same math).
+    On one H100 (torch 2.11) the compiled merge was wrong (errors up to inf) at head dim 256 with 65
+    and 257 queries and at head dim 16 with 257, where the flash kernel and the plain merge were right
+    (``docs/results/split_merge_diag_h100.json``); with contiguous log-sum-exps it was still wrong at
+    head dim 256 with 257 queries (attention bench, 2026-12-06).
     A shape this refuses stays on FlexAttention; either fallback is logged once."""
     _, q_heads, n, d = query.shape
     kv_heads = key.shape[1]
     shape = (n, q_heads, kv_heads, d, query.dtype, segments)
     if shape not in _SERVES:
         length = 3000 + n
-        reasons, chosen = [], None
-        merges = [("compiled", None)] + [("Triton", triton_merge)] * triton_available(query.device)
-        if n >= TRITON_FIRST_QUERIES:
-            merges.reverse()
-        for name, merge in merges + [("plain", block_and_merge)]:
+        reasons, chosen, name = [], None, ""
+        for name, prefix, merge in _candidates(n, query.device):
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
-                                          (0, 1, 777, length - n), length, merge=merge)
+                                          (0, 1, 777, length - n), length, merge=merge, prefix=prefix)
             except Exception as err:  # a kernel that refuses the shape, a merge that does not compile
-                reasons.append(f"{name} merge: {type(err).__name__}: {(str(err).splitlines() or [''])[0]}")
+                reasons.append(f"{name}: {type(err).__name__}: {(str(err).splitlines() or [''])[0]}")
                 continue
             if error < SERVES_TOLERANCE:
-                chosen = merge or _merge_kernel(query.device)
+                chosen = (prefix, merge or _merge_kernel(query.device))
                 break
-            reasons.append(f"{name} merge: differs from the reference by {error:.3g}")
+            reasons.append(f"{name}: differs from the reference by {error:.3g}")
         _SERVES[shape] = chosen
         if reasons:
             log.warning("split attention for %d queries (%d over %d heads of %d, %s, %d segments): %s; %s", n,
                         q_heads, kv_heads, d, query.dtype, segments, "; ".join(reasons),
-                        "FlexAttention serves them" if chosen is None else f"the {name} merge serves them")
+                        "FlexAttention serves them" if chosen is None else f"the {name} serves them")
     return _SERVES[shape]
 
 

@@ -1,4 +1,5 @@
-"""Triton kernel of split attention's block part and merge (``split_attention`` holds the math and the launcher).
+"""Triton kernels of split attention: the prefix in segments, and the block part with the merge
+(``split_attention`` holds the math and the launchers).
 
 Imported only where Triton is installed (``split_attention._triton_kernels``). One program owns a
 K/V head and ``BM`` folded query rows: it runs the rows' attention over the block's own keys with
@@ -6,6 +7,12 @@ an online softmax (keys in tiles of ``BN``, the ``[n, n]`` visibility read per t
 each prefix segment as one more term of the same softmax, weighted by its log-sum-exp, and writes
 the normalised output in the output's dtype. One launch replaces the dozen or more of the merge in
 tensor ops.
+
+``prefix_segment_kernel`` is the prefix part: one program owns a K/V head, ``BM`` folded query rows
+and one segment of the prefix, whose first row and key count it reads from the device
+(``SegmentBounds``), so no shape depends on P and one graph serves every length. It reads the folded
+queries and the cache buffer in place (no per-segment copy of the queries, no packed layout) and
+writes the segment's normalised output and log-sum-exp, the terms ``block_merge_kernel`` folds in.
 """
 
 import triton
@@ -28,6 +35,18 @@ def _shift(m_i, new_max):
     for what was summed so far. A row that has seen only -inf keeps shift 0 (its weights are all 0)."""
     safe = tl.where(new_max == float("-inf"), 0.0, new_max)
     return safe, tl.exp(m_i - safe)
+
+
+@triton.jit
+def _online_step(scores, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """One tile of keys into the online softmax: ``scores`` ``[BM, BN]`` (float32, -inf where unseen)
+    and their values ``v`` ``[BN, BD]``; returns the running max, sum and output sum."""
+    new_max = tl.maximum(m_i, tl.reduce(scores, 1, _maximum))
+    safe, alpha = _shift(m_i, new_max)
+    p = tl.exp(scores - safe[:, None])
+    l_i = l_i * alpha + tl.reduce(p, 1, _add)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return new_max, l_i, acc
 
 
 @triton.jit
@@ -57,12 +76,7 @@ def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, re
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
         seen = tl.load(vis_ptr + token[:, None] * n + cols[None, :], mask=live[:, None] & cmask[None, :], other=0)
         scores = tl.where(seen != 0, scores, float("-inf"))
-        new_max = tl.maximum(m_i, tl.reduce(scores, 1, _maximum))
-        safe, alpha = _shift(m_i, new_max)
-        p = tl.exp(scores - safe[:, None])
-        l_i = l_i * alpha + tl.reduce(p, 1, _add)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = new_max
+        m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
     for s in range(0, segments):
         length = tl.load(len_ptr + s)
         lse = tl.load(lse_ptr + s * sl_s + h * sl_h + rows * sl_r, mask=live, other=float("-inf"))
@@ -78,3 +92,36 @@ def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, re
     result = acc / tl.where(live, l_i, 1.0)[:, None]  # every live row sees its own key: l_i > 0
     tl.store(res_ptr + h * sr_h + rows[:, None] * sr_r + dd[None, :], result.to(res_ptr.dtype.element_ty),
              mask=live[:, None] & dmask[None, :])
+
+
+@triton.jit
+def prefix_segment_kernel(q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, o_ptr, lse_ptr, scale, m, d,
+                          sq_h, sq_r, sk_h, sk_r, so_s, so_h, so_r, sl_s, sl_h,
+                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * BM + tl.arange(0, BM)
+    live = rows < m
+    dd = tl.arange(0, BD)
+    dmask = dd < d
+    q = tl.load(q_ptr + h * sq_h + rows[:, None] * sq_r + dd[None, :], mask=live[:, None] & dmask[None, :], other=0.0)
+    first = tl.load(start_ptr + s).to(tl.int64)
+    count = tl.load(len_ptr + s).to(tl.int32)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.full([BM], 0.0, tl.float32)
+    acc = tl.full([BM, BD], 0.0, tl.float32)
+    k_base = k_ptr + h * sk_h + first * sk_r
+    v_base = v_ptr + h * sk_h + first * sk_r
+    for start in range(0, count, BN):
+        offs = start + tl.arange(0, BN)
+        cmask = offs < count
+        k = tl.load(k_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(v_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
+        scores = tl.where(cmask[None, :], scores, float("-inf"))
+        m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
+    seen = l_i > 0.0  # a segment with no keys: output 0, log-sum-exp -inf (the merge adds nothing)
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    tl.store(o_ptr + s * so_s + h * so_h + rows[:, None] * so_r + dd[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=live[:, None] & dmask[None, :])
+    tl.store(lse_ptr + s * sl_s + h * sl_h + rows, lse, mask=live)

@@ -114,7 +114,7 @@ def test_a_shape_the_compiled_merge_gets_wrong_falls_back_to_the_plain_merge_the
     (FlexAttention); each shape is tried once, and a fallback is logged."""
     calls = []
 
-    def disagreement(n, *args, merge=None, **kwargs):
+    def disagreement(n, *args, merge=None, prefix=None, **kwargs):
         calls.append((n, merge))
         if n == 3:
             return 0.0 if merge is sa.block_and_merge else 7.0  # only the compiled merge is wrong
@@ -126,10 +126,10 @@ def test_a_shape_the_compiled_merge_gets_wrong_falls_back_to_the_plain_merge_the
     monkeypatch.setattr(sa, "_SERVES", {})
     k = torch.zeros(1, 2, 100, 16)
     with caplog.at_level("WARNING", logger=sa.__name__):
-        assert sa.serves(torch.zeros(1, 4, 2, 16), k, 3) is sa._merge_kernel(k.device)
-        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) is sa.block_and_merge
+        assert sa.serves(torch.zeros(1, 4, 2, 16), k, 3) == (sa.prefix_flash, sa._merge_kernel(k.device))
+        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) == (sa.prefix_flash, sa.block_and_merge)
         assert sa.serves(torch.zeros(1, 4, 4, 16), k, 3) is None
-        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) is sa.block_and_merge  # remembered
+        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) == (sa.prefix_flash, sa.block_and_merge)  # remembered
     assert calls == [(2, None), (3, None), (3, sa.block_and_merge), (4, None), (4, sa.block_and_merge)]
     assert "differs from the reference by 7" in caplog.text and "the plain merge serves them" in caplog.text
     assert "RuntimeError: no kernel for this shape" in caplog.text and "FlexAttention serves them" in caplog.text
@@ -175,10 +175,52 @@ def test_the_split_through_the_triton_merge_equals_dense_attention(interpreted):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads, groups, d, n, past, segments", [
+    (2, 2, 16, 5, 300, 3), (1, 3, 24, 40, 129, 2), (2, 1, 32, 1, 0, 4), (1, 4, 16, 70, 77, 1), (2, 2, 64, 3, 2, 5)])
+def test_the_triton_prefix_equals_the_prefix_in_tensor_ops(interpreted, kv_heads, groups, d, n, past,
+                                                            segments):
+    """``prefix_triton`` (Triton's interpreter, float32) against plain math per segment: the cache
+    buffers read in place through a strided view, segments the cut leaves empty (P = 0, P < S) with
+    output 0 and log-sum-exp -inf, head dims that are not powers of two, more rows than one program."""
+    gen = torch.Generator().manual_seed(n * 5 + d + past)
+    m, length = groups * n, past + n + 40
+    folded = torch.randn(kv_heads, m, d, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, d, generator=gen) for _ in range(2))
+    bounds = sa.SegmentBounds(torch.tensor(past), segments, m)
+    out, lse = sa.prefix_triton(folded, k[0], v[0], bounds, d**-0.5)
+    assert out.shape == (segments, kv_heads, m, d) and lse.shape == (segments, kv_heads, m)
+    for s, (first, count) in enumerate(zip(bounds.starts.tolist(), bounds.lengths.tolist())):
+        if count == 0:
+            assert torch.all(lse[s] == -torch.inf) and torch.all(out[s] == 0)
+            continue
+        scores = folded @ k[0, :, first : first + count].transpose(-1, -2) * d**-0.5
+        torch.testing.assert_close(lse[s], scores.logsumexp(-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[s], scores.softmax(-1) @ v[0, :, first : first + count], atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 20), past=st.integers(0, 300), kv_heads=st.sampled_from([1, 2]),
+       groups=st.sampled_from([1, 3]), segments=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_the_split_through_the_triton_prefix_and_merge_equals_dense_attention(n, past, kv_heads, groups, segments,
+                                                                               seed):
+    pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(seed)
+    length = past + n + 7
+    vis = random_tree_visibility(n, gen)
+    q = torch.randn(1, kv_heads * groups, n, 16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, 16, generator=gen) for _ in range(2))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix_and_block_mask(past, vis, length),
+                                              enable_gqa=True)
+    with triton_interpreted("ddtree.models.split_merge_kernels", sa._triton_kernels):
+        got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, segments=segments,
+                              prefix=sa.prefix_triton, merge=sa.triton_merge)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(monkeypatch, caplog):
     tried = []
 
-    def disagreement(n, *args, merge=None, **kwargs):
+    def disagreement(n, *args, merge=None, prefix=None, **kwargs):
         tried.append(merge)
         return 0.0 if merge is sa.triton_merge else 1.0  # the compiled merge is wrong here
 
@@ -186,7 +228,7 @@ def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(mo
     monkeypatch.setattr(sa, "_SERVES", {})
     monkeypatch.setattr(sa, "triton_available", lambda device: True)
     with caplog.at_level("WARNING", logger=sa.__name__):
-        assert sa.serves(torch.zeros(1, 4, 2, 16), torch.zeros(1, 2, 100, 16), 3) is sa.triton_merge
+        assert sa.serves(torch.zeros(1, 4, 2, 16), torch.zeros(1, 2, 100, 16), 3) == (sa.prefix_flash, sa.triton_merge)
     assert tried == [None, sa.triton_merge]
     assert "the Triton merge serves them" in caplog.text
 
@@ -196,7 +238,7 @@ def test_from_triton_first_queries_on_serves_tries_the_triton_merge_first(monkey
     where it fails, the compiled one and then the plain one follow."""
     tried = []
 
-    def disagreement(n, *args, merge=None, **kwargs):
+    def disagreement(n, *args, merge=None, prefix=None, **kwargs):
         tried.append((n, merge))
         if n == sa.TRITON_FIRST_QUERIES + 1 and merge is sa.triton_merge:
             raise RuntimeError("out of resources")
@@ -207,12 +249,37 @@ def test_from_triton_first_queries_on_serves_tries_the_triton_merge_first(monkey
     monkeypatch.setattr(sa, "triton_available", lambda device: True)
     k, first = torch.zeros(1, 2, 100, 16), sa.TRITON_FIRST_QUERIES
     with caplog.at_level("WARNING", logger=sa.__name__):
-        assert sa.serves(torch.zeros(1, 4, first - 1, 16), k, 3) is sa._merge_kernel(k.device)
-        assert sa.serves(torch.zeros(1, 4, first, 16), k, 3) is sa.triton_merge
+        assert sa.serves(torch.zeros(1, 4, first - 1, 16), k, 3) == (sa.prefix_flash, sa._merge_kernel(k.device))
+        assert sa.serves(torch.zeros(1, 4, first, 16), k, 3) == (sa.prefix_flash, sa.triton_merge)
         assert not caplog.text  # neither is a fallback
-        assert sa.serves(torch.zeros(1, 4, first + 1, 16), k, 3) is sa._merge_kernel(k.device)
+        assert sa.serves(torch.zeros(1, 4, first + 1, 16), k, 3) == (sa.prefix_flash, sa._merge_kernel(k.device))
     assert tried == [(first - 1, None), (first, sa.triton_merge), (first + 1, sa.triton_merge), (first + 1, None)]
     assert "Triton merge: RuntimeError: out of resources" in caplog.text and "the compiled merge serves" in caplog.text
+
+
+def test_with_triton_prefix_on_serves_tries_the_triton_prefix_first_then_the_flash_one(monkeypatch, caplog):
+    tried = []
+
+    def disagreement(n, *args, merge=None, prefix=None, **kwargs):
+        tried.append((n, prefix, merge))
+        if n == 3 and prefix is sa.prefix_triton:
+            return 2.0
+        return 0.0
+
+    monkeypatch.setattr(sa, "_disagreement", disagreement)
+    monkeypatch.setattr(sa, "_SERVES", {})
+    monkeypatch.setattr(sa, "TRITON_PREFIX", True)
+    monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    k = torch.zeros(1, 2, 100, 16)
+    with caplog.at_level("WARNING", logger=sa.__name__):
+        assert sa.serves(torch.zeros(1, 4, 2, 16), k, 3) == (sa.prefix_triton, sa.triton_merge)
+        assert not caplog.text
+        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) == (sa.prefix_flash, sa._merge_kernel(k.device))
+    assert tried == [(2, sa.prefix_triton, sa.triton_merge), (3, sa.prefix_triton, sa.triton_merge),
+                     (3, sa.prefix_flash, None)]
+    assert "Triton prefix: differs from the reference by 2" in caplog.text
+    monkeypatch.setattr(sa, "triton_available", lambda device: False)  # no Triton: the flash prefix only
+    assert [prefix for _, prefix, _ in sa._candidates(2, k.device)] == [sa.prefix_flash] * 2
 
 
 @pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (90, "bf16", 128),
@@ -238,3 +305,29 @@ def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
             pytest.skip(f"no ptxas for an ahead-of-time build: {err}")
         raise
     assert compiled.metadata.shared <= 99 * 1024  # fits an sm_86 block's shared memory
+
+
+@pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (86, "bf16", 128),
+                                                   (90, "bf16", 256), (90, "bf16", 128), (90, "fp32", 64)])
+def test_the_triton_prefix_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
+    """``prefix_segment_kernel`` built ahead of time for sm_80/86/90 at ``PREFIX_TILES``' sizes, with
+    no GPU present: its tiles and pipeline stages fit an sm_86 block's shared memory."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = sa._triton_kernels().prefix_segment_kernel
+    block_m, block_n, warps, stages = sa.PREFIX_TILES[head_dim]
+    floats = {"lse_ptr": "*fp32", "len_ptr": "*i64", "start_ptr": "*i32", "scale": "fp32"}
+    constexprs = {"BM": block_m, "BN": block_n, "BD": head_dim, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+    signature = {name: "constexpr" if name in constexprs else floats.get(name, f"*{dtype}" if name.endswith("_ptr")
+                 else "i32") for name in kernel.arg_names}
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": warps, "num_stages": stages})
+    except (FileNotFoundError, RuntimeError) as err:
+        if "ptxas" in str(err):
+            pytest.skip(f"no ptxas for an ahead-of-time build: {err}")
+        raise
+    assert compiled.metadata.shared <= 99 * 1024, compiled.metadata.shared
