@@ -23,7 +23,9 @@ Each length of ``prompt_lengths`` gets its rows and its read floor: the target's
 plus the K/V bytes of that many rows, at ``READ_BANDWIDTH`` (what one step must at least read).
 ``attention`` is the fast target's and the DFlash drafter's (``auto``: from ``flex_threshold`` live
 rows on, split attention where it serves, else FlexAttention; ``flex``: FlexAttention only, the
-split's baseline); ``max_length: null`` sizes the caches for the longest prompt.
+split's baseline); ``split_prefix`` picks the split's prefix kernel (``flash`` or ``triton``; null:
+the library's choice, ``split_attention.TRITON_PREFIX``); ``max_length: null`` sizes the caches
+for the longest prompt.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ddtree.errors import reported, run_cli
 from ddtree.presets import engine_from_config
 from ddtree.testing import first_divergence, logit_gap
 from ddtree.masks import DenseMaskCompiler
-from ddtree.models import HFTarget, HybridTarget
+from ddtree.models import HFTarget, HybridTarget, split_attention
 from ddtree.models.dispatch import is_hybrid
 from ddtree.models.geometry import HYBRID, random_dflash_for, random_hybrid, random_qwen3
 from ddtree.models.hybrid_static import StaticHybridTarget
@@ -265,6 +267,10 @@ def main(cfg: DictConfig) -> None:
     if cfg.prompts is not None and cfg.target_path is None:
         raise SystemExit("prompts=FILE needs target_path=DIR: the prompts are tokenised with the tokenizer/ beside it")
     cfg.max_length = _max_length(cfg)
+    if cfg.get("split_prefix") is not None:
+        if cfg.split_prefix not in ("flash", "triton"):
+            raise SystemExit(f"split_prefix={cfg.split_prefix!r}: choose flash, triton, or null (the library's choice)")
+        split_attention.TRITON_PREFIX = cfg.split_prefix == "triton"
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s; caches of {cfg.max_length} rows", flush=True)
     if is_hybrid(model):

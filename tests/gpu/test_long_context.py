@@ -56,13 +56,17 @@ def test_compiled_kernel_equals_dense_sdpa_on_random_trees(n, heads, dtype, tol)
         torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("prefix", ["flash", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 65, 257])
 @pytest.mark.parametrize("heads", [(32, 8, 128), (24, 4, 256), (4, 2, 16)])
-def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads, dtype):
-    """The flash-kernel split of a layout with ``split`` on, captured once in a CUDA graph and replayed
-    at other prefix lengths (P and the visibility rewritten in place), against float32 dense SDPA of
-    the same inputs; tolerance 2e-2, FlexAttention's in bf16 (the test above)."""
+def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads, dtype, prefix, monkeypatch):
+    """The split of a layout with ``split`` on, its prefix through the flash kernel or ``prefix_triton``,
+    captured once in a CUDA graph and replayed at other prefix lengths (P and the visibility rewritten
+    in place), against float32 dense SDPA of the same inputs; tolerance 2e-2, FlexAttention's in bf16
+    (the test above)."""
+    monkeypatch.setattr(split_attention, "TRITON_PREFIX", prefix == "triton")
+    monkeypatch.setattr(split_attention, "_SERVES", {})
     torch.backends.cuda.matmul.allow_tf32 = False
     q_heads, kv_heads, dim = heads
     length = 3000
@@ -76,7 +80,9 @@ def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads
     if split_attention.splits(q, k):  # the per-shape check must accept it: a refusal would test FlexAttention
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         segments = split_attention.segments_for(n, q_heads // kv_heads, kv_heads, length, sms)
-        assert split_attention.serves(q, k, segments) is not None
+        chosen = split_attention.serves(q, k, segments)
+        assert chosen is not None
+        assert chosen[0] is (split_attention.prefix_triton if prefix == "triton" else split_attention.prefix_flash)
     q.normal_()
     attend(q, k, v, layout.block_mask)  # compiles outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -132,6 +138,40 @@ def test_the_triton_merge_equals_the_plain_merge_in_one_graph(heads, n, dtype):
         expected = split_attention.split_attend(q, k, v, past, rows, visible, segments=segments,
                                                 merge=split_attention.block_and_merge)
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("heads,n", [((24, 4, 256), 65), ((24, 4, 256), 1), ((32, 8, 128), 257), ((32, 8, 128), 1),
+                                     ((4, 2, 16), 5)])
+def test_the_triton_prefix_equals_plain_math_per_segment_in_one_graph(heads, n, dtype, tol):
+    """``prefix_triton`` compiled on the GPU, captured once and replayed at several P (segments the cut
+    leaves empty at P = 0 and 1 included), against each segment's float32 softmax: outputs and
+    log-sum-exps; float32 within 1e-5 (IEEE dots)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    q_heads, kv_heads, d = heads
+    length, groups = 3000, q_heads // kv_heads
+    m = groups * n
+    gen = torch.Generator().manual_seed(n + d)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    segments = split_attention.segments_for(n, groups, kv_heads, length, sms)
+    k, v = (torch.randn(1, kv_heads, length, d, generator=gen).to("cuda", dtype) for _ in range(2))
+    folded = torch.randn(kv_heads, m, d, generator=gen).to("cuda", dtype)
+    bounds = split_attention.SegmentBounds(torch.tensor(1000, device="cuda"), segments, m)
+    split_attention.prefix_triton(folded, k[0], v[0], bounds, d**-0.5)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = split_attention.prefix_triton(folded, k[0], v[0], bounds, d**-0.5)
+    for p in (0, 1, 127, 1000, length - n):
+        bounds.update(torch.tensor(p, device="cuda"))
+        graph.replay()
+        for s, (first, count) in enumerate(zip(bounds.starts.tolist(), bounds.lengths.tolist())):
+            if count == 0:
+                assert torch.all(lse[s] == -torch.inf) and torch.all(out[s] == 0)
+                continue
+            scores = folded.float() @ k[0, :, first : first + count].float().transpose(-1, -2) * d**-0.5
+            torch.testing.assert_close(lse[s], scores.logsumexp(-1), atol=tol, rtol=tol)
+            torch.testing.assert_close(out[s].float(), scores.softmax(-1) @ v[0, :, first : first + count].float(),
+                                       atol=tol, rtol=tol)
 
 
 def test_one_graph_per_size_serves_every_prefix_length(setup):
