@@ -59,7 +59,11 @@ RECOMPILE_LIMIT = 64
 # 8K); at 16 queries the compiled one wins, 110 / 136 (27B, 8K) and 148 / 183 (27B, 32K): Triton's
 # programs (one per K/V head and 32-64 folded rows) are too few there to fill the GPU.
 TRITON_FIRST_QUERIES = 64
-# Whether ``serves`` tries the Triton prefix kernel (``prefix_triton``, with the Triton merge) first.
+# Whether ``serves`` tries the Triton prefix kernel (``prefix_triton``, with the Triton merge) first. Off:
+# one H100, one layer over a 132K-row buffer, it beat the flash prefix at 1 and 16 queries (27B heads at
+# 8K: 75.6 / 72.7 us against 81.5 / 135.2) but not from 65 on with Qwen3-8B's heads (8K: 97.1 / 241.3
+# against 98.9 / 233.2; 32K: 232.8 / 782.1 against 206.2 / 677.6); a whole 27B round at 8192 with the
+# earlier 8-warp tiles was slower with it (DDTree-64 35.36 ms against 34.75).
 TRITON_PREFIX = False
 
 PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
@@ -176,9 +180,11 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
     return result
 
 
-# (BM folded rows, BN keys, warps, stages) of ``prefix_triton``'s programs by padded head dim
+# (BM folded rows, BN keys, warps, stages) of ``prefix_triton``'s programs by padded head dim. Head dims
+# 128 and 256: the fastest of those timed at 65 queries on one H100 (experiments/prefix_tiles_bench.py,
+# docs/results/triton_prefix_sweep_132k_h100.json); at 256, 8 warps took 1.5-2x as long as 4.
 PREFIX_TILES: dict[int, tuple[int, int, int, int]] = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
-                                                      128: (64, 64, 4, 3), 256: (64, 32, 8, 2)}
+                                                      128: (64, 64, 4, 3), 256: (64, 32, 4, 2)}
 
 
 def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds,

@@ -1,0 +1,121 @@
+"""Tiles and segment counts of split attention's Triton prefix kernel against the flash prefix, per shape.
+
+    python experiments/prefix_tiles_bench.py --out prefix_tiles.json      # one GPU, ~2 min
+
+For Qwen3.6-27B's attention heads (24 over 4 of 256) and Qwen3-8B's (32 over 8 of 128), at
+committed lengths 8192 and 32768 over 132000-row K/V buffers (a long-context fast path's static
+cache), and n = 1, 16, 65, 257 queries: one layer's ``split_attend`` time, graphed
+(``ddtree.metrics.timer.graphed_us``), with
+
+- ``flash_us``: the flash prefix (``prefix_flash``) and the Triton merge, ``segments_for``'s count
+  (S0); ``flash_prefix_only_us``: the flash call alone; ``flex_us`` (n <= 16): FlexAttention;
+- ``(BM, BN, warps, stages)/S<k>``: ``prefix_triton`` with those tiles (``PREFIX_TILES``) and k
+  segments (S0, and the count that gives two programs per multiprocessor at that BM), with the Triton
+  merge: [us, largest difference from the plain-math reference].
+
+Each row names the fastest Triton form within 0.05 of the reference (``best``). Random data;
+kernels only. Plain argparse; stops adding shapes after ``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ddtree.metrics.timer import graphed_us
+from ddtree.models import split_attention as sa
+from ddtree.models.flex_attention import FlexLayout, attend
+
+TILES = {128: [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (16, 64, 4, 3)],
+         256: [(64, 32, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (16, 64, 4, 2)]}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--buffer", type=int, default=132000)
+    p.add_argument("--seconds", type=float, default=115.0)
+    p.add_argument("--out", type=Path, default=Path("prefix_tiles.json"))
+    return p.parse_args(argv)
+
+
+def shape_row(q, k, v, past: int, n: int, sms: int) -> dict:
+    """One shape's timings (see the module doc)."""
+    dev, (_, hq, _, d), hkv, length = q.device, q.shape, k.shape[1], k.shape[2]
+    groups, m = hq // hkv, hq // hkv * n
+    vis = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+    p, rows = torch.tensor(past, device=dev), torch.arange(past, past + n, device=dev)
+    s0 = sa.segments_for(n, groups, hkv, length, sms)
+    row = {"heads": [hq, hkv, d], "P": past, "n": n, "S0": s0}
+
+    def reference(bounds, segments):
+        return sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=sa.prefix_reference,
+                               merge=sa.block_and_merge, bounds=bounds).float()
+
+    b0 = sa.SegmentBounds(p, s0, m)
+    want0 = reference(b0, s0)
+    flash = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=s0, merge=sa.triton_merge, bounds=b0)
+    row["flash_err"] = float((flash().float() - want0).abs().max())
+    row["flash_us"] = graphed_us(flash, 20)
+    packed = q[0].reshape(hkv, m, d).transpose(0, 1).unsqueeze(0).expand(s0, m, hkv, d).reshape(s0 * m, hkv, d)
+    row["flash_prefix_only_us"] = graphed_us(lambda: sa.prefix_flash(
+        packed, k[0].transpose(0, 1), v[0].transpose(0, 1), b0.cu_q, b0.starts, b0.used, m, length, d**-0.5), 20)
+    if n <= 16:
+        layout = FlexLayout(n, length, dev)
+        layout.set(past, vis)
+        fn = lambda: attend(q, k, v, layout.block_mask)
+        fn()
+        row["flex_us"] = graphed_us(fn, 20)
+    best, kept = None, dict(sa.PREFIX_TILES)
+    try:
+        for tile in TILES[d]:
+            sa.PREFIX_TILES[d] = tile
+            fill = max(1, min(math.ceil(2 * sms / (hkv * math.ceil(m / tile[0]))), math.ceil(length / 512)))
+            for segments in sorted({s0, fill}):
+                bounds = sa.SegmentBounds(p, segments, m)
+                want = want0 if segments == s0 else reference(bounds, segments)
+                fn = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=sa.prefix_triton,
+                                             merge=sa.triton_merge, bounds=bounds)
+                err = float((fn().float() - want).abs().max())
+                us = graphed_us(fn, 20)
+                row[f"{tile}/S{segments}"] = [round(us, 1), round(err, 4)]
+                if err < sa.SERVES_TOLERANCE and (best is None or us < best[1]):
+                    best = (f"{tile}/S{segments}", us)
+    finally:
+        sa.PREFIX_TILES.clear()
+        sa.PREFIX_TILES.update(kept)
+    row["best"] = best
+    return row
+
+
+@torch.inference_mode()
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("experiments/prefix_tiles_bench.py times GPU kernels: no CUDA device is visible")
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows, start = [], time.time()
+    for hq, hkv, d in ((24, 4, 256), (32, 8, 128)):
+        gen = torch.Generator(dev).manual_seed(0)
+        k = torch.randn(1, hkv, args.buffer, d, device=dev, dtype=dtype, generator=gen)
+        v = torch.randn_like(k)
+        for past in (8192, 32768):
+            for n in (1, 16, 65, 257):
+                if time.time() - start > args.seconds:
+                    break
+                q = torch.randn(1, hq, n, d, device=dev, dtype=dtype, generator=gen)
+                rows.append(shape_row(q, k, v, past, n, sms))
+                print(json.dumps({key: rows[-1].get(key) for key in ("heads", "P", "n", "S0", "flex_us", "flash_us",
+                                                                      "flash_prefix_only_us", "best")}), flush=True)
+                args.out.write_text(json.dumps(rows, indent=1))
+        del k, v
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
