@@ -20,7 +20,10 @@ Random weights: acceptance is meaningless there, costs are real; near-ties in ra
 make bf16 paths part early, so the check means most on trained weights (``target_path=DIR``).
 
 Each length of ``prompt_lengths`` gets its rows and its read floor: the target's weight bytes
-plus the K/V bytes of that many rows, at ``READ_BANDWIDTH`` (what one step must at least read).
+plus the K/V bytes of that many rows, at ``READ_BANDWIDTH`` (what one step must at least read;
+``x floor`` is the round over it). ``FLOP floor ms`` is what the row's verify must at least compute
+at ``PEAK_FLOPS`` (``_compute_floor_ms``): past a few hundred nodes on a large target, or at long
+context, it exceeds the read floor.
 ``attention`` is the fast target's and the DFlash drafter's (``auto``: from ``flex_threshold`` live
 rows on, split attention where it serves, else FlexAttention; ``flex``: FlexAttention only, the
 split's baseline); ``split_prefix`` picks the split's prefix kernel (``flash`` or ``triton``; null:
@@ -31,6 +34,7 @@ for the longest prompt.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -53,6 +57,7 @@ from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
 READ_BANDWIDTH = 4.8e12  # bytes/s: the H200's HBM3e peak, the floor's denominator
+PEAK_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM and of an H200 (the same chip's compute)
 
 
 def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: int, stages: bool = True) -> dict:
@@ -234,6 +239,37 @@ def _read_floor_ms(model, length: int) -> float:
     return 1e3 * (weights + kv * element * length + states) / READ_BANDWIDTH
 
 
+def _verify_nodes(label: str, block_size: int) -> int | None:
+    """Tokens one verify of a ``_strategies`` row holds: 1 for AR, the block for DFlash, B + 1 for a
+    tree of budget B (label ``preset-B``), k + 1 for a k-step chain (``-kK``); None for others.
+
+    >>> [_verify_nodes(x, 16) for x in ("ar", "dflash", "ddtree-64", "mtp-k3", "mtp_tree-16-k2", "oracle")]
+    [1, 16, 65, 4, 17, None]
+    """
+    found = re.fullmatch(r"(?P<preset>[a-z_]+)(?:-(?P<budget>\d+))?(?:-k(?P<steps>\d+))?", label)
+    if found is None:
+        return None
+    if found["budget"]:
+        return int(found["budget"]) + 1
+    if found["steps"]:
+        return int(found["steps"]) + 1
+    return {"ar": 1, "dflash": block_size}.get(found["preset"])
+
+
+def _compute_floor_ms(model, length: int, nodes: int) -> float:
+    """What one verify of ``nodes`` tokens after ``length`` committed ones must at least compute, at
+    ``PEAK_FLOPS``, in ms: 2 FLOPs per weight of every linear layer (the LM head included, the
+    embedding not) per token, plus, in each attention layer, 4 x query heads x head dim per query
+    and key (scores and weighted values) over the ``length + nodes`` keys. A GDN layer's tree work is
+    not counted. A round costs at least the larger of this and the read floor."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    c = model.config.get_text_config()
+    kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    attention = 4 * kinds.count("full_attention") * c.num_attention_heads * head_dim * nodes * (length + nodes)
+    return 1e3 * (2 * linear * nodes + attention) / PEAK_FLOPS
+
+
 def _write(out: Path, cfg: DictConfig, rows: list[dict], checks: dict, prefill_ms: dict, table: str | None = None,
            partial: bool = False) -> None:
     """The run's JSON: rewritten after every row (``partial``), so a run stopped early keeps what it measured."""
@@ -242,13 +278,15 @@ def _write(out: Path, cfg: DictConfig, rows: list[dict], checks: dict, prefill_m
 
 
 def _table(rows: list[dict], tau: dict, ar: dict) -> str:
-    lines = ["| prompt | strategy | path | round ms | x floor | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| prompt | strategy | path | round ms | x floor | FLOP floor ms | draft | tree | layout | verify | commit | peak MiB | tau (given) | tok/s implied | x AR eager | x AR fast |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, t = r["stages_ms"], tau.get(r["strategy"], 1.0)
         here = ar.get(r["prompt"], {})
+        flops = r.get("compute_floor_ms")
         lines.append(
             f"| {r['prompt']} | {r['strategy']} | {r['path']} | {r['round_ms']:.2f} | {r['round_ms'] / r['floor_ms']:.2f} | "
+            f"{'n/a' if flops is None else f'{flops:.2f}'} | "
             f"{s['draft']:.2f} | {s['tree']:.2f} | "
             f"{s['layout']:.2f} | {s['verify']:.2f} | {s['commit']:.2f} | {r['peak_extra_mib']:.0f} | {t:.2f} | "
             f"{1e3 * t / r['round_ms']:.0f} | {_ratio(t, here, 'eager', r)} | {_ratio(t, here, 'fast', r)} |"
@@ -296,7 +334,9 @@ def main(cfg: DictConfig) -> None:
         floors[length] = _read_floor_ms(model, length)
         for label, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head) if cfg.rounds > 0 else ():
             try:
+                nodes = _verify_nodes(label, dflash_model.config.block_size)
                 row = {"prompt": length, "strategy": label, "path": path, "floor_ms": floors[length],
+                       "compute_floor_ms": None if nodes is None else _compute_floor_ms(model, length, nodes),
                        **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size, cfg.stages)}
             except Exception as err:  # one failing path must not cost the whole table
                 print(f"{length} {label} {path}: FAILED {type(err).__name__}: {err}", flush=True)

@@ -280,3 +280,23 @@ def test_split_merge_diag_says_it_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device"):
         diag.main([])
+
+
+def test_speed_floors_count_the_verify_s_flops_and_its_nodes():
+    """speed.py's FLOP floor: 2 FLOPs per linear weight per token plus 4 x heads x head dim per query
+    and key in each attention layer; the verify size read off each row's label."""
+    import torch
+
+    from ddtree.testing import tiny_target
+
+    spec = importlib.util.spec_from_file_location("speed", Path(__file__).resolve().parents[2] / "experiments" / "speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    assert [speed._verify_nodes(label, 16) for label in ("ar", "dflash", "ddtree-64", "mtp-k3", "mtp_tree-16-k2",
+                                                          "oracle")] == [1, 16, 65, 4, 17, None]
+    model = tiny_target("qwen3")
+    c = model.config
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    want = 2 * linear * 5 + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * 5 * (100 + 5)
+    assert speed._compute_floor_ms(model, 100, 5) == pytest.approx(1e3 * want / speed.PEAK_FLOPS)
