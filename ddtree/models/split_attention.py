@@ -180,9 +180,10 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
     return result
 
 
-# (BM folded rows, BN keys, warps, stages) of ``prefix_triton``'s programs by padded head dim. Head dims
-# 128 and 256: the fastest of those timed at 65 queries on one H100 (experiments/prefix_tiles_bench.py,
-# docs/results/triton_prefix_sweep_132k_h100.json); at 256, 8 warps took 1.5-2x as long as 4.
+# (BM folded rows, BN keys, warps, stages) of ``prefix_triton``'s programs by padded head dim, from one
+# H100 (experiments/prefix_tiles_bench.py, docs/results/triton_prefix_sweep_132k_h100.json): at 256 the
+# fastest tiles timed at 65 and 257 queries and within 6% of the best at 1 and 16 (8 warps took 1.5-2x
+# as long); at 128 the fastest at 16 queries, within 7% of the best at 1 and within 3% at 65 and 257.
 PREFIX_TILES: dict[int, tuple[int, int, int, int]] = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
                                                       128: (64, 64, 4, 3), 256: (64, 32, 4, 2)}
 
