@@ -383,6 +383,22 @@ def prefix_and_block_mask(past: int, visible: torch.Tensor, length: int) -> torc
     return mask
 
 
+def assert_prefix_segments(out: torch.Tensor, lse: torch.Tensor, folded: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, bounds, scale: float, tol: float) -> None:
+    """A split prefix kernel's segment outputs ``[S, Hkv, m, d]`` and log-sum-exps ``[S, Hkv, m]`` for
+    ``folded`` ``[Hkv, m, d]`` queries over ``key``/``value`` ``[Hkv, L, d]`` against each segment's
+    float32 softmax (``bounds``: its ``SegmentBounds``); a segment with no keys must give output 0 and
+    log-sum-exp -inf."""
+    for s, (first, count) in enumerate(zip(bounds.starts.tolist(), bounds.lengths.tolist())):
+        if count == 0:
+            assert torch.all(lse[s] == -torch.inf) and torch.all(out[s] == 0), f"segment {s} has no keys"
+            continue
+        scores = folded.float() @ key[:, first : first + count].float().transpose(-1, -2) * scale
+        torch.testing.assert_close(lse[s], scores.logsumexp(-1), atol=tol, rtol=tol)
+        torch.testing.assert_close(out[s].float(), scores.softmax(-1) @ value[:, first : first + count].float(),
+                                   atol=tol, rtol=tol)
+
+
 def random_tree_visibility(n: int, generator: torch.Generator) -> torch.Tensor:
     """The ``[n, n]`` bool ancestor mask of a random tree numbered parents first (row i: i and its ancestors)."""
     visible = torch.zeros(n, n, dtype=torch.bool)

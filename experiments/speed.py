@@ -225,14 +225,20 @@ def _max_length(cfg: DictConfig) -> int:
     return -(-rows // 128) * 128
 
 
+def _layers(model) -> tuple[object, list[str], int]:
+    """The text config, each layer's kind ("full_attention" or, on a hybrid, "linear_attention") and the
+    attention head dim: what both floors read."""
+    c = model.config.get_text_config()
+    kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
+    return c, kinds, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
 def _read_floor_ms(model, length: int) -> float:
     """Weight bytes plus the K/V bytes of ``length`` rows (attention layers only) plus, on a hybrid, the
     float32 recurrent states of its GDN layers, read at ``READ_BANDWIDTH``, in ms."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    c = model.config.get_text_config()
+    c, kinds, head_dim = _layers(model)
     element = next(model.parameters()).element_size()
-    kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv = 2 * kinds.count("full_attention") * c.num_key_value_heads * head_dim
     states = kinds.count("linear_attention") * 4 * (
         getattr(c, "linear_num_value_heads", 0) * getattr(c, "linear_key_head_dim", 0) * getattr(c, "linear_value_head_dim", 0))
@@ -263,9 +269,7 @@ def _compute_floor_ms(model, length: int, nodes: int) -> float:
     and key (scores and weighted values) over the ``length + nodes`` keys. A GDN layer's tree work is
     not counted. A round costs at least the larger of this and the read floor."""
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    c = model.config.get_text_config()
-    kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    c, kinds, head_dim = _layers(model)
     attention = 4 * kinds.count("full_attention") * c.num_attention_heads * head_dim * nodes * (length + nodes)
     return 1e3 * (2 * linear * nodes + attention) / PEAK_FLOPS
 

@@ -16,8 +16,8 @@ from ddtree.masks import DenseMaskCompiler
 from ddtree.models import split_attention
 from ddtree.models.flex_attention import FlexLayout, attend
 from ddtree.models.static_target import StaticTarget
-from ddtree.testing import (check_budget_sequence, first_divergence, fp32_cuda_pair, logit_gap,
-                            prefix_and_block_mask, random_tree_visibility)
+from ddtree.testing import (assert_prefix_segments, check_budget_sequence, first_divergence, fp32_cuda_pair,
+                            logit_gap, prefix_and_block_mask, random_tree_visibility)
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
@@ -164,14 +164,7 @@ def test_the_triton_prefix_equals_plain_math_per_segment_in_one_graph(heads, n, 
     for p in (0, 1, 127, 1000, length - n):
         bounds.update(torch.tensor(p, device="cuda"))
         graph.replay()
-        for s, (first, count) in enumerate(zip(bounds.starts.tolist(), bounds.lengths.tolist())):
-            if count == 0:
-                assert torch.all(lse[s] == -torch.inf) and torch.all(out[s] == 0)
-                continue
-            scores = folded.float() @ k[0, :, first : first + count].float().transpose(-1, -2) * d**-0.5
-            torch.testing.assert_close(lse[s], scores.logsumexp(-1), atol=tol, rtol=tol)
-            torch.testing.assert_close(out[s].float(), scores.softmax(-1) @ v[0, :, first : first + count].float(),
-                                       atol=tol, rtol=tol)
+        assert_prefix_segments(out, lse, folded, k[0], v[0], bounds, d**-0.5, tol)
 
 
 def test_one_graph_per_size_serves_every_prefix_length(setup):

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddtree.models import split_attention as sa
-from ddtree.testing import prefix_and_block_mask, random_tree_visibility, triton_interpreted
+from ddtree.testing import (assert_prefix_segments, prefix_and_block_mask, random_tree_visibility,
+                            triton_interpreted)
 
 
 @settings(max_examples=40, deadline=None)
@@ -189,13 +190,7 @@ def test_the_triton_prefix_equals_the_prefix_in_tensor_ops(interpreted, kv_heads
     bounds = sa.SegmentBounds(torch.tensor(past), segments, m)
     out, lse = sa.prefix_triton(folded, k[0], v[0], bounds, d**-0.5)
     assert out.shape == (segments, kv_heads, m, d) and lse.shape == (segments, kv_heads, m)
-    for s, (first, count) in enumerate(zip(bounds.starts.tolist(), bounds.lengths.tolist())):
-        if count == 0:
-            assert torch.all(lse[s] == -torch.inf) and torch.all(out[s] == 0)
-            continue
-        scores = folded @ k[0, :, first : first + count].transpose(-1, -2) * d**-0.5
-        torch.testing.assert_close(lse[s], scores.logsumexp(-1), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(out[s], scores.softmax(-1) @ v[0, :, first : first + count], atol=1e-5, rtol=1e-5)
+    assert_prefix_segments(out, lse, folded, k[0], v[0], bounds, d**-0.5, tol=1e-5)
 
 
 @settings(max_examples=8, deadline=None)
