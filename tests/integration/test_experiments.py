@@ -300,3 +300,18 @@ def test_speed_floors_count_the_verify_s_flops_and_its_nodes():
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     want = 2 * linear * 5 + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * 5 * (100 + 5)
     assert speed._compute_floor_ms(model, 100, 5) == pytest.approx(1e3 * want / speed.PEAK_FLOPS)
+
+
+def test_gemm_rows_bench_counts_every_linear_weight_once_plain_and_fused():
+    """experiments/gemm_rows_bench.py's shapes: the plain and the fused lists hold the same weights
+    (the Qwen3.6-27B geometry on the meta device), and fusing leaves one GEMM per group and layer."""
+    spec = importlib.util.spec_from_file_location(
+        "gemm_rows_bench", Path(__file__).resolve().parents[2] / "experiments" / "gemm_rows_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    plain, fused = bench.linear_shapes("qwen3.6-27b")
+    weights = lambda counter: sum(c * k * o for (k, o), c in counter.items())  # noqa: E731
+    assert weights(plain) == weights(fused) == 25_621_954_560
+    assert fused[(5120, 10240 + 6144 + 48 + 48)] == 48  # a GDN layer's qkv, z, b and a
+    assert fused[(5120, 2 * 17408)] == 64 and fused[(5120, 12288 + 2 * 1024)] == 16
+    assert sum(plain.values()) == 64 * 3 + 48 * 5 + 16 * 4 + 1 and sum(fused.values()) == 64 * 2 + 64 * 2 + 1
