@@ -8,8 +8,12 @@ For each verify size n (a random tree of depth <= 16, as DDTree builds) it times
 replays of --reps back-to-back calls (the median of five replays, per call):
 
 - ``mix/torch``: the compiled torch tree mixing (``tree_mix``: conv, decay, batched triangular solve);
-- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (compiled conv and prologue, Triton rule);
-- ``prologue``: the compiled part of it alone (conv, l2norm, path-summed decay);
+- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (Triton conv, compiled prologue, Triton rule);
+- ``mix/triton_compiled_conv``: the same with the tree conv inside the compiled prologue
+  (``gdn_tree_layer.TRITON_CONV = False``);
+- ``prologue``: the compiled prologue alone (conv, l2norm, path-summed decay);
+- ``conv/compiled`` and ``conv/triton``: the tree conv alone, compiled by Inductor and as
+  ``gdn_tree_triton.tree_conv`` (with its largest difference from the compiled one);
 - ``rule/...``: ``gdn_tree_triton.tree_delta_rule`` alone, per block, value block, precision and form
   (one kernel, or ``split``: the system in parallel, then the forward substitution),
 
@@ -27,10 +31,10 @@ from pathlib import Path
 import torch
 
 from ddtree.metrics.timer import graphed_us
-from ddtree.models import fused
-from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors
+from ddtree.models import fused, gdn_tree_layer
+from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors, tree_causal_conv1d
 from ddtree.models.gdn_tree_layer import tree_mix, tree_mix_inputs, tree_mix_triton
-from ddtree.models.gdn_tree_triton import tree_delta_rule
+from ddtree.models.gdn_tree_triton import tree_conv, tree_delta_rule
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +84,17 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     torch_mix, prologue = fused.compiled(tree_mix), fused.compiled(tree_mix_inputs)
     row["mix/torch"] = graphed_us(lambda: torch_mix(*mix_args), args.reps)
     row["mix/triton"] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
+    previous, gdn_tree_layer.TRITON_CONV = gdn_tree_layer.TRITON_CONV, False
+    try:
+        row["mix/triton_compiled_conv"] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
+    finally:
+        gdn_tree_layer.TRITON_CONV = previous
     row["prologue"] = graphed_us(lambda: prologue(*prologue_args), args.reps)
+    conv = fused.compiled(tree_causal_conv1d)
+    row["conv/compiled"] = graphed_us(lambda: conv(x, None, window, weight, None, taps), args.reps)
+    row["conv/triton"] = {"us": graphed_us(lambda: tree_conv(x, window, weight, None, taps), args.reps),
+                          "max_diff": float((tree_conv(x, window, weight, None, taps).float()
+                                             - conv(x, None, window, weight, None, taps).float()).abs().max())}
     q, key, v, gamma, b = prologue(*prologue_args)
     # The float64 reference on the same inputs: g back from gamma (anc is unit lower triangular).
     g = torch.linalg.solve_triangular(anc.double(), gamma.double(), upper=False, unitriangular=True)

@@ -163,3 +163,31 @@ def tree_solve_kernel(
         tl.store(u_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], ub, mask=live[:, None])
         tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o, mask=live[:, None])
         tl.debug_barrier()  # this block's U, read back by later blocks, is visible to every thread
+
+
+@triton.jit
+def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, n, C,
+                     K: tl.constexpr, HAS_BIAS: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    """``gdn_tree.tree_causal_conv1d`` for a [BN, BC] tile of nodes x channels: tap m of node i reads row
+    ``taps[i, m]`` of cat(window^T, x) (the window [C, K] where the row is < K, else x [n, C]); the
+    products summed in float32 in tap order, plus the bias, rounded to the weight dtype, then SiLU."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    live, lane = rows < n, cols < C
+    both = live[:, None] & lane[None, :]
+    acc = tl.full((BN, BC), 0.0, tl.float32)
+    for m in tl.static_range(K):
+        t = tl.load(taps_ptr + rows * K + m, mask=live, other=0)
+        in_x = t >= K
+        from_x = tl.load(x_ptr + (t - K)[:, None] * C + cols[None, :], mask=both & in_x[:, None], other=0.0)
+        from_window = tl.load(window_ptr + cols[None, :] * K + t[:, None], mask=both & ~in_x[:, None], other=0.0)
+        row = tl.where(in_x[:, None], from_x.to(weight_ptr.dtype.element_ty),
+                       from_window.to(weight_ptr.dtype.element_ty))
+        w = tl.load(weight_ptr + cols * K + m, mask=lane, other=0.0).to(tl.float32)
+        acc = acc + row.to(tl.float32) * w[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + cols, mask=lane, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(weight_ptr.dtype.element_ty).to(tl.float32)
+    y = y / (1.0 + tl.exp(-y))
+    tl.store(out_ptr + rows[:, None] * C + cols[None, :], y.to(weight_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty),
+             mask=both)

@@ -170,10 +170,16 @@ def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
                     dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``tree_mix`` up to the delta rule, in the compute dtype: q (l2-normalised, scaled by dk^-1/2) and k
     (l2-normalised) ``[n, Hk, dk]``, v ``[n, H, dv]``, the path-summed log decay gamma and beta ``[n, H]``."""
+    mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
+    return mix_inputs_after_conv(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk)
+
+
+def mix_inputs_after_conv(mixed: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor,
+                          key_dim: int, dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``tree_mix_inputs`` from the conv's output ``mixed`` [n, C] on: the decay, the split, the l2 norms."""
     n, h = a.shape
     compute = torch.promote_types(a.dtype, torch.float32)
     g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
-    mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
     # Sizes off the tensor, not value_dim: a compiled graph with dynamic ints need not prove they add up.
     q, k, v = torch.split(mixed.to(compute), [key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
     q = l2norm(q.reshape(n, -1, dk)) * dk**-0.5
@@ -181,14 +187,23 @@ def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     return q, k, v.reshape(n, h, -1), anc.to(compute) @ g, beta.to(compute)
 
 
+# Whether ``tree_mix_triton`` runs the tree conv as its own Triton kernel (``gdn_tree_triton.tree_conv``)
+# rather than inside the compiled prologue (where Inductor builds it from the gathers).
+TRITON_CONV = True
+
+
 def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
                     weight: Tensor, bias: Tensor | None, initial: Tensor, taps: Tensor, anc: Tensor, key_dim: int,
                     value_dim: int, dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``tree_mix`` with its elementwise steps compiled and the tree delta rule as one Triton kernel
+    """``tree_mix`` with its elementwise steps compiled and the tree conv and delta rule as Triton kernels
     (``gdn_tree_triton``); the same outputs, on a CUDA device with Triton. Its dots are IEEE float32
     for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits)."""
-    q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
-                                                           anc, key_dim, value_dim, dk)
+    if TRITON_CONV:
+        mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps)
+        q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk)
+    else:
+        q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
+                                                               anc, key_dim, value_dim, dk)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
     out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision,
                                                    **gdn_tree_triton.rule_options(q.shape[0], precision))

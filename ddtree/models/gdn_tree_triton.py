@@ -125,3 +125,32 @@ def tree_delta_rule(
         N=n, NP=padded, R=h // hk, DK=dk, DV=dv, BV=value_block, BT=block, PRECISION=precision,
     )
     return out, updates
+
+
+def tree_conv(
+    x: Tensor,  # [n, C] pre-conv inputs
+    window: Tensor,  # [C, K] committed conv window
+    weight: Tensor,  # [C, K] depthwise kernel
+    bias: Tensor | None,  # [C]
+    taps: Tensor,  # [n, K] ``conv_taps``
+    block_nodes: int = 16,
+    block_channels: int = 256,
+) -> Tensor:  # [n, C]
+    """``gdn_tree.tree_causal_conv1d`` (conv over each node's root path, then SiLU) as one Triton kernel:
+    a program per tile of nodes and channels reads its taps' rows in place from the window and x.
+
+    >>> y = tree_conv(x, window, weight, None, conv_taps(parents, 4))   # doctest: +SKIP
+    """
+    n, c = x.shape
+    k = weight.shape[-1]
+    out = torch.empty(n, c, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    weight = weight.contiguous()
+    grid = (-(-n // block_nodes), -(-c // block_channels))
+    _kernels().tree_conv_kernel[grid](
+        x.contiguous(), window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(),
+        out, n, c, K=k, HAS_BIAS=bias is not None, BN=block_nodes, BC=block_channels,
+    )
+    return out
+

@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree.models.gdn_tree import ancestor_matrix, l2norm, solve_tree_delta_rule
-from ddtree.models.gdn_tree_triton import rule_options, tree_delta_rule
+from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, l2norm, solve_tree_delta_rule, tree_causal_conv1d
+from ddtree.models.gdn_tree_triton import rule_options, tree_conv, tree_delta_rule
 from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.testing import check_budget_sequence, fp32_cuda_pair, per_node_delta_rule
 
@@ -96,3 +96,25 @@ def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, 
     out, updates = tree_delta_rule(qn, kn, cuda[2], gamma.float(), cuda[4], s0.float().cuda(), anc, precision="tf32",
                                    **rule_options(n, "tf32"))
     torch.testing.assert_close(out.double().cpu(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 65, 257])
+def test_the_triton_tree_conv_equals_the_torch_tree_conv(n, dtype):
+    """``tree_conv`` compiled on the GPU against ``tree_causal_conv1d`` on a random forest over Qwen3.6-27B's
+    10240 conv channels: float32 against the float64 math within 1e-5; bf16 against the eager bf16 math
+    (the same two roundings) within one bf16 rounding."""
+    gen = torch.Generator().manual_seed(n)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    if n > 7:
+        parents[7] = -1
+    c, k = 10240, 4
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).cuda()  # noqa: E731
+    x, window, weight, bias = r(n, c), r(c, k), (0.5 * r(c, k)).to(dtype), r(c)
+    taps = conv_taps(parents.cuda(), k)
+    got = tree_conv(x, window, weight, bias, taps)
+    if dtype == torch.float32:
+        want = tree_causal_conv1d(x.double(), None, window.double(), weight.double(), bias.double(), taps)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(got, tree_causal_conv1d(x, None, window, weight, bias, taps), atol=1e-2, rtol=1.6e-2)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddtree.models import gdn_tree_triton
-from ddtree.models.gdn_tree import ancestor_matrix, delta_rule_tensors, l2norm
+from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors, l2norm, tree_causal_conv1d
 from ddtree.testing import triton_interpreted
 
 
@@ -45,3 +45,25 @@ def test_bad_blocks_and_precision_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
                                         torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool), block=24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, channels, bias", [(1, 24, False), (19, 40, True), (37, 300, False)])
+def test_tree_conv_kernel_matches_the_torch_tree_conv(interpreted, n, channels, bias, dtype):
+    """``tree_conv`` against ``tree_causal_conv1d`` on random forests: taps into the window (roots and
+    their children) and into x, channel and node tiles with ragged edges; float32 to 1e-6, bf16 to one
+    rounding of the output."""
+    gen = torch.Generator().manual_seed(n + channels)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    if n > 7:
+        parents[7] = -1
+    k = 4
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    x, window, weight = r(n, channels), r(channels, k), r(channels, k)
+    b = r(channels) if bias else None
+    taps = conv_taps(parents, k)
+    want = tree_causal_conv1d(x, None, window, weight, b, taps)
+    got = gdn_tree_triton.tree_conv(x, window, weight, b, taps, block_nodes=16, block_channels=32)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=1.6e-2)
+    torch.testing.assert_close(got, want, **tol)
