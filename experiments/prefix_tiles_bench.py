@@ -8,7 +8,8 @@ cache), and n = 1, 16, 65, 257 queries: one layer's ``split_attend`` time, graph
 (``ddtree.metrics.timer.graphed_us``), with
 
 - ``flash_us``: the flash prefix (``prefix_flash``) and the Triton merge, ``segments_for``'s count
-  (S0); ``flash_prefix_only_us``: the flash call alone; ``flex_us`` (n <= 16): FlexAttention;
+  (S0); ``flash_compiled_merge_us``: the same with the compiled merge (and its difference from the
+  reference); ``flash_prefix_only_us``: the flash call alone; ``flex_us`` (n <= 16): FlexAttention;
 - ``(BM, BN, warps, stages)/S<k>``: ``prefix_triton`` with those tiles (``PREFIX_TILES``) and k
   segments (S0, and the count that gives two programs per multiprocessor at that BM), with the Triton
   merge: [us, largest difference from the plain-math reference].
@@ -61,6 +62,9 @@ def shape_row(q, k, v, past: int, n: int, sms: int) -> dict:
     flash = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=s0, merge=sa.triton_merge, bounds=b0)
     row["flash_err"] = float((flash().float() - want0).abs().max())
     row["flash_us"] = graphed_us(flash, 20)
+    compiled = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=s0, merge=sa._merge_kernel(dev), bounds=b0)
+    row["flash_compiled_merge_err"] = float((compiled().float() - want0).abs().max())
+    row["flash_compiled_merge_us"] = graphed_us(compiled, 20)
     packed = q[0].reshape(hkv, m, d).transpose(0, 1).unsqueeze(0).expand(s0, m, hkv, d).reshape(s0 * m, hkv, d)
     row["flash_prefix_only_us"] = graphed_us(lambda: sa.prefix_flash(
         packed, k[0].transpose(0, 1), v[0].transpose(0, 1), b0.cu_q, b0.starts, b0.used, m, length, d**-0.5), 20)
@@ -111,6 +115,7 @@ def main(argv=None) -> None:
                 q = torch.randn(1, hq, n, d, device=dev, dtype=dtype, generator=gen)
                 rows.append(shape_row(q, k, v, past, n, sms))
                 print(json.dumps({key: rows[-1].get(key) for key in ("heads", "P", "n", "S0", "flex_us", "flash_us",
+                                                                      "flash_compiled_merge_us",
                                                                       "flash_prefix_only_us", "best")}), flush=True)
                 args.out.write_text(json.dumps(rows, indent=1))
         del k, v

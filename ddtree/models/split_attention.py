@@ -156,6 +156,18 @@ def _triton_kernels():
     return split_merge_kernels
 
 
+def merge_tiles(m: int, d: int) -> tuple[int, int, int]:
+    """``block_merge_kernel``'s (BM folded rows, BC output columns, SB segments loaded at once) for m
+    folded rows of head dim d: 16-row blocks for a few rows (one query: the heads of a K/V group),
+    columns in chunks of 64, and [SB, BM, BC] segment loads of 8K floats.
+
+    >>> merge_tiles(6, 256), merge_tiles(390, 256), merge_tiles(260, 16)
+    ((16, 64, 8), (32, 64, 4), (32, 16, 4))
+    """
+    block_m = 16 if m <= 64 else 32
+    return block_m, min(max(16, 1 << (d - 1).bit_length()), 64), 128 // block_m
+
+
 def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,
                  lengths: Tensor, scale: float) -> Tensor:
     """``block_and_merge`` in one Triton launch (``ddtree.models.split_merge_kernels``), the same
@@ -169,14 +181,14 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
     if keys.stride() != values.stride() or not visible.is_contiguous():
         raise ValueError("triton_merge wants keys and values of one layout and a contiguous visibility")
     result = torch.empty(kv_heads, m, d, dtype=folded.dtype, device=folded.device)
-    block_d = max(16, 1 << (d - 1).bit_length())
-    block_m = 32 if block_d >= 256 else 64
-    grid = (math.ceil(m / block_m), kv_heads)
+    block_d, (block_m, block_c, group) = max(16, 1 << (d - 1).bit_length()), merge_tiles(m, d)
+    grid = (math.ceil(m / block_m), kv_heads, math.ceil(d / block_c))
     _triton_kernels().block_merge_kernel[grid](
         folded, keys, values, visible, out, lse, lengths, result, scale, m, n, d, segments,
         folded.stride(0), folded.stride(1), keys.stride(0), keys.stride(1), out.stride(0), out.stride(1),
         out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2), result.stride(0), result.stride(1),
-        BM=block_m, BN=32, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32")
+        BM=block_m, BN=32, BD=block_d, BC=block_c, SB=group,
+        PRECISION="ieee" if folded.dtype == torch.float32 else "tf32")
     return result
 
 

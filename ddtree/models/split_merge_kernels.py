@@ -2,10 +2,13 @@
 (``split_attention`` holds the math and the launchers).
 
 Imported only where Triton is installed (``split_attention._triton_kernels``). One program owns a
-K/V head and ``BM`` folded query rows: it runs the rows' attention over the block's own keys with
-an online softmax (keys in tiles of ``BN``, the ``[n, n]`` visibility read per tile), then folds in
-each prefix segment as one more term of the same softmax, weighted by its log-sum-exp, and writes
-the normalised output in the output's dtype. One launch replaces the dozen or more of the merge in
+K/V head, ``BM`` folded query rows and ``BC`` columns of the output: it runs the rows' attention
+over the block's own keys with an online softmax (keys in tiles of ``BN``, scores over the whole
+head dim, the ``[n, n]`` visibility read per tile), then folds in the prefix segments, ``SB`` at a
+time, as more terms of the same softmax, weighted by their log-sum-exps, and writes the normalised
+output in the output's dtype. Splitting the columns and loading segments in groups keeps the
+programs many and their dependent chains short where a row block has few rows and many segments
+(one query at long context). One launch replaces the dozen or more of the merge in
 tensor ops.
 
 ``prefix_segment_kernel`` is the prefix part: one program owns a K/V head, ``BM`` folded query rows
@@ -52,12 +55,17 @@ def _online_step(scores, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 @triton.jit
 def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, res_ptr, scale, m, n, d, segments,
                        sq_h, sq_r, sk_h, sk_r, so_s, so_h, so_r, sl_s, sl_h, sl_r, sr_h, sr_r,
-                       BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, h = tl.program_id(0), tl.program_id(1)
+                       BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, SB: tl.constexpr,
+                       PRECISION: tl.constexpr):
+    # Program (row block, K/V head, column chunk): the scores over the whole head dim, the output's
+    # BC columns from BC * chunk on; the segments folded in SB at a time (one [SB, BM, BC] load each).
+    pid_m, h, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BM + tl.arange(0, BM)
     live = rows < m
     dd = tl.arange(0, BD)
     dmask = dd < d
+    dc = chunk * BC + tl.arange(0, BC)
+    cmask_d = dc < d
     q = tl.load(q_ptr + h * sq_h + rows[:, None] * sq_r + dd[None, :], mask=live[:, None] & dmask[None, :], other=0.0)
     token = rows % n  # folded row i * n + t is token t's query for query head i of this K/V head
     # Reductions through tl.reduce with this module's combine functions, and tl.full for zeros: the
@@ -65,33 +73,37 @@ def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, re
     # when they were first imported, which a test process cannot promise.
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
-    acc = tl.full([BM, BD], 0.0, tl.float32)
+    acc = tl.full([BM, BC], 0.0, tl.float32)
     for start in range(0, n, BN):
         cols = start + tl.arange(0, BN)
         cmask = cols < n
         k = tl.load(k_ptr + h * sk_h + cols[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
                     other=0.0)
-        v = tl.load(v_ptr + h * sk_h + cols[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
+        v = tl.load(v_ptr + h * sk_h + cols[:, None] * sk_r + dc[None, :], mask=cmask[:, None] & cmask_d[None, :],
                     other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
         seen = tl.load(vis_ptr + token[:, None] * n + cols[None, :], mask=live[:, None] & cmask[None, :], other=0)
         scores = tl.where(seen != 0, scores, float("-inf"))
         m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
-    for s in range(0, segments):
-        length = tl.load(len_ptr + s)
-        lse = tl.load(lse_ptr + s * sl_s + h * sl_h + rows * sl_r, mask=live, other=float("-inf"))
-        lse = tl.where(length > 0, lse, float("-inf"))  # an empty segment adds nothing
-        out = tl.load(o_ptr + s * so_s + h * so_h + rows[:, None] * so_r + dd[None, :],
-                      mask=live[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        new_max = tl.maximum(m_i, lse)
+    ss = tl.arange(0, SB)
+    for first in range(0, segments, SB):
+        seg = first + ss
+        smask = seg < segments
+        length = tl.load(len_ptr + seg, mask=smask, other=0)
+        both = smask[:, None] & live[None, :]
+        lse = tl.load(lse_ptr + seg[:, None] * sl_s + h * sl_h + rows[None, :] * sl_r, mask=both, other=float("-inf"))
+        lse = tl.where(length[:, None] > 0, lse, float("-inf"))  # an empty segment adds nothing
+        out = tl.load(o_ptr + seg[:, None, None] * so_s + h * so_h + rows[None, :, None] * so_r + dc[None, None, :],
+                      mask=both[:, :, None] & cmask_d[None, None, :], other=0.0).to(tl.float32)  # [SB, BM, BC]
+        new_max = tl.maximum(m_i, tl.reduce(lse, 0, _maximum))
         safe, alpha = _shift(m_i, new_max)
-        weight = tl.exp(lse - safe)
-        l_i = l_i * alpha + weight
-        acc = acc * alpha[:, None] + weight[:, None] * out
+        weight = tl.exp(lse - safe[None, :])  # [SB, BM]
+        l_i = l_i * alpha + tl.reduce(weight, 0, _add)
+        acc = acc * alpha[:, None] + tl.reduce(weight[:, :, None] * out, 0, _add)
         m_i = new_max
     result = acc / tl.where(live, l_i, 1.0)[:, None]  # every live row sees its own key: l_i > 0
-    tl.store(res_ptr + h * sr_h + rows[:, None] * sr_r + dd[None, :], result.to(res_ptr.dtype.element_ty),
-             mask=live[:, None] & dmask[None, :])
+    tl.store(res_ptr + h * sr_h + rows[:, None] * sr_r + dc[None, :], result.to(res_ptr.dtype.element_ty),
+             mask=live[:, None] & cmask_d[None, :])
 
 
 @triton.jit

@@ -144,7 +144,8 @@ def interpreted():
 
 
 @pytest.mark.parametrize("kv_heads, groups, d, n, segments, empty", [
-    (2, 2, 16, 5, 3, 1), (1, 3, 24, 40, 2, 0), (2, 1, 32, 1, 4, 4), (1, 4, 16, 70, 1, 0), (2, 2, 64, 33, 5, 2)])
+    (2, 2, 16, 5, 3, 1), (1, 3, 24, 40, 2, 0), (2, 1, 32, 1, 4, 4), (1, 4, 16, 70, 1, 0), (2, 2, 64, 33, 5, 2),
+    (2, 2, 96, 3, 10, 3), (1, 2, 128, 40, 6, 1)])
 def test_the_triton_merge_equals_the_merge_in_tensor_ops(interpreted, kv_heads, groups, d, n, segments, empty):
     """``triton_merge`` (Triton's interpreter on the CPU, float32) against ``block_and_merge``: random
     trees, the prefix outputs in the strided layout the flash kernel leaves, ``empty`` segments with no
@@ -277,9 +278,10 @@ def test_with_triton_prefix_on_serves_tries_the_triton_prefix_first_then_the_fla
     assert [prefix for _, prefix, _ in sa._candidates(2, k.device)] == [sa.prefix_flash] * 2
 
 
+@pytest.mark.parametrize("rows", [6, 390])
 @pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (90, "bf16", 128),
                                                    (90, "bf16", 16)])
-def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
+def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim, rows):
     """Triton compiles the kernel ahead of time for sm_80 (A100), sm_86 (A6000) and sm_90 (H100/H200)
     with no GPU present, at the tile sizes ``triton_merge`` picks: a kernel that does not build for a
     card fails here, before any GPU run."""
@@ -289,7 +291,8 @@ def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
 
     kernel = sa._triton_kernels().block_merge_kernel
     floats = {"lse_ptr": "*fp32", "len_ptr": "*i64", "vis_ptr": "*i1", "scale": "fp32"}
-    constexprs = {"BM": 32 if head_dim >= 256 else 64, "BN": 32, "BD": head_dim, "PRECISION": "tf32"}
+    block_m, block_c, group = sa.merge_tiles(rows, head_dim)
+    constexprs = {"BM": block_m, "BN": 32, "BD": head_dim, "BC": block_c, "SB": group, "PRECISION": "tf32"}
     signature = {name: "constexpr" if name in constexprs else floats.get(name, f"*{dtype}" if name.endswith("_ptr")
                  else "i32") for name in kernel.arg_names}
     try:
