@@ -54,17 +54,34 @@ M_BLOCK = 128  # query rows per flash program (sizing the split)
 # allows 8 per function; past it a ``fullgraph`` function raises).
 RECOMPILE_LIMIT = 64
 # From this many queries the Triton merge is tried before the compiled one: one H100, graphed, one layer
-# over a 132K-row buffer (experiments/attention_bench.py, us): at 65 queries Triton 132 / compiled 160
-# (Qwen3.6-27B heads, 8K), 99 / 101 (Qwen3-8B heads, 8K), 284 / 301 (27B, 32K); at 257 234 / 259 (8B,
-# 8K); at 16 queries the compiled one wins, 110 / 136 (27B, 8K) and 148 / 183 (27B, 32K): Triton's
-# programs (one per K/V head and 32-64 folded rows) are too few there to fill the GPU.
-TRITON_FIRST_QUERIES = 64
-# Whether ``serves`` tries the Triton prefix kernel (``prefix_triton``, with the Triton merge) first. Off:
-# one H100, one layer over a 132K-row buffer, it beat the flash prefix at 1 and 16 queries (27B heads at
-# 8K: 75.6 / 72.7 us against 81.5 / 135.2) but not from 65 on with Qwen3-8B's heads (8K: 97.1 / 241.3
-# against 98.9 / 233.2; 32K: 232.8 / 782.1 against 206.2 / 677.6); a whole 27B round at 8192 with the
-# earlier 8-warp tiles was slower with it (DDTree-64 35.36 ms against 34.75).
-TRITON_PREFIX = False
+# over a 132K-row buffer, the flash prefix with either merge (experiments/prefix_tiles_bench.py,
+# docs/results/prefix_tiles_merge_h100.json, us, Triton / compiled): Qwen3.6-27B heads at 8K, 16 queries
+# 106.8 / 106.2, 65: 118.7 / 161.4, 257: 339.7 / 364.1; Qwen3-8B heads at 8K, 16: 73.0 / 84.9, 65:
+# 81.7 / 101.2; at 32K, 16: 114.1 / 124.9 (27B: 150.7 / 147.2). At one query the compiled merge is
+# ahead (27B heads: 39.6 / 48.7 at 8K, 80.8 / 87.4 at 32K).
+TRITON_FIRST_QUERIES = 2
+# Whether ``serves`` tries the Triton prefix kernel (``prefix_triton``, with the Triton merge) first:
+# None (default) by ``triton_prefix_first``'s measured rule, True for every shape, False for none.
+TRITON_PREFIX: bool | None = None
+
+
+def triton_prefix_first(n: int, head_dim: int) -> bool:
+    """Whether the Triton prefix is tried before the flash one for n queries of ``head_dim``: from 2
+    queries at head dim 256, from 2 to 16 at 128 and below. One H100, one layer over a 132K-row
+    buffer, both with the Triton merge (``docs/results/prefix_tiles_merge_h100.json``, us, Triton /
+    flash prefix): 27B heads (24 over 4 of 256) at 8K, 16 queries 82.5 / 106.8, 65: 104.0 / 118.7,
+    257: 308.6 / 339.7; at 32K 136.1 / 150.7, 267.5 / 269.6, 956.9 / 944.2. Qwen3-8B heads (32 over 8
+    of 128) at 8K, 16: 54.1 / 73.0, 65: 79.3 / 81.7, 257: 241.1 / 231.1; at 32K 95.7 / 114.1, 213.0 /
+    187.4, 777.2 / 678.2. At one query the flash prefix with the compiled merge is ahead at head dim
+    256 (39.6 against 43.7 at 8K), and a head dim of 128 does not split one query (``min_queries``).
+
+    >>> [triton_prefix_first(n, 256) for n in (1, 16, 65, 257)], [triton_prefix_first(n, 128) for n in (1, 16, 65)]
+    ([False, True, True, True], [False, True, False])
+    """
+    if TRITON_PREFIX is not None:
+        return TRITON_PREFIX
+    return n >= 2 and (head_dim > 128 or n <= 16)
+
 
 PrefixKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int, float], tuple[Tensor, Tensor]]
 
@@ -158,14 +175,22 @@ def _triton_kernels():
 
 def merge_tiles(m: int, d: int) -> tuple[int, int, int]:
     """``block_merge_kernel``'s (BM folded rows, BC output columns, SB segments loaded at once) for m
-    folded rows of head dim d: 16-row blocks for a few rows (one query: the heads of a K/V group),
-    columns in chunks of 64, and [SB, BM, BC] segment loads of 8K floats.
+    folded rows of head dim d. Up to 512 rows: 16-row blocks for a few rows (one query: the heads of a
+    K/V group), 32 past that, columns in chunks of 64, [SB, BM, BC] segment loads of 8K floats: more
+    programs and fewer dependent loads where a row block has few rows and many segments. Past 512
+    rows (257 queries), the whole head dim a program and 32 rows at head dim 256, 64 below: faster
+    there (one H100, the flash prefix and this merge, ``docs/results/prefix_tiles_merge_h100.json``:
+    27B heads at 8K, 257 queries, 339.7 us chunked against 312.6 whole in the sweep before).
 
-    >>> merge_tiles(6, 256), merge_tiles(390, 256), merge_tiles(260, 16)
-    ((16, 64, 8), (32, 64, 4), (32, 16, 4))
+    >>> merge_tiles(6, 256), merge_tiles(390, 256), merge_tiles(1542, 256), merge_tiles(1028, 128)
+    ((16, 64, 8), (32, 64, 4), (32, 256, 1), (64, 128, 1))
     """
-    block_m = 16 if m <= 64 else 32
-    return block_m, min(max(16, 1 << (d - 1).bit_length()), 64), 128 // block_m
+    block_d = max(16, 1 << (d - 1).bit_length())
+    if m > 512:
+        block_m, block_c = (32 if block_d >= 256 else 64), block_d
+    else:
+        block_m, block_c = (16 if m <= 64 else 32), min(block_d, 64)
+    return block_m, block_c, max(1, 8192 // (block_m * block_c))
 
 
 def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,
@@ -348,14 +373,14 @@ def _disagreement(n: int, q_heads: int, kv_heads: int, d: int, dtype: torch.dtyp
     return error
 
 
-def _candidates(n: int, device: torch.device) -> list[tuple[str, Callable, Callable | None]]:
-    """(name, prefix kernel, merge) in the order ``serves`` tries them at n queries: the merges' names
-    mean the flash prefix; "Triton prefix" is ``prefix_triton`` with the Triton merge."""
+def _candidates(n: int, device: torch.device, head_dim: int) -> list[tuple[str, Callable, Callable | None]]:
+    """(name, prefix kernel, merge) in the order ``serves`` tries them at n queries of ``head_dim``: the
+    merges' names mean the flash prefix; "Triton prefix" is ``prefix_triton`` with the Triton merge."""
     triton = triton_available(device)
     merges = [("compiled merge", prefix_flash, None)] + [("Triton merge", prefix_flash, triton_merge)] * triton
     if n >= TRITON_FIRST_QUERIES:
         merges.reverse()
-    first = [("Triton prefix", prefix_triton, triton_merge)] * (triton and TRITON_PREFIX)
+    first = [("Triton prefix", prefix_triton, triton_merge)] * (triton and triton_prefix_first(n, head_dim))
     return first + merges + [("plain merge", prefix_flash, block_and_merge)]
 
 
@@ -364,7 +389,7 @@ def serves(query: Tensor, key: Tensor, segments: int) -> tuple[Callable, Callabl
     (n queries of Hq heads over Hkv, head dim, dtype, segments), or None where none does: tried once
     per shape on random tensors of a 3K-row buffer at its first use (a graph's warm-up, never inside
     a capture), P = 0 and 1 among the lengths tried. The order (``_candidates``): where Triton runs
-    and ``TRITON_PREFIX`` is on, the Triton prefix with the Triton merge; then the flash prefix with
+    and ``triton_prefix_first`` says so, the Triton prefix with the Triton merge; then the flash prefix with
     the compiled merge, then with the Triton one (from ``TRITON_FIRST_QUERIES`` queries on, Triton
     before the compiled one: faster there); then with the plain merge (more launches, the same math).
     On one H100 (torch 2.11) the compiled merge was wrong (errors up to inf) at head dim 256 with 65
@@ -378,7 +403,7 @@ def serves(query: Tensor, key: Tensor, segments: int) -> tuple[Callable, Callabl
     if shape not in _SERVES:
         length = 3000 + n
         reasons, chosen, name = [], None, ""
-        for name, prefix, merge in _candidates(n, query.device):
+        for name, prefix, merge in _candidates(n, query.device, d):
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                     error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,

@@ -145,7 +145,7 @@ def interpreted():
 
 @pytest.mark.parametrize("kv_heads, groups, d, n, segments, empty", [
     (2, 2, 16, 5, 3, 1), (1, 3, 24, 40, 2, 0), (2, 1, 32, 1, 4, 4), (1, 4, 16, 70, 1, 0), (2, 2, 64, 33, 5, 2),
-    (2, 2, 96, 3, 10, 3), (1, 2, 128, 40, 6, 1)])
+    (2, 2, 96, 3, 10, 3), (1, 2, 128, 40, 6, 1), (1, 4, 16, 130, 3, 1)])
 def test_the_triton_merge_equals_the_merge_in_tensor_ops(interpreted, kv_heads, groups, d, n, segments, empty):
     """``triton_merge`` (Triton's interpreter on the CPU, float32) against ``block_and_merge``: random
     trees, the prefix outputs in the strided layout the flash kernel leaves, ``empty`` segments with no
@@ -214,6 +214,7 @@ def test_the_split_through_the_triton_prefix_and_merge_equals_dense_attention(n,
 
 
 def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(monkeypatch, caplog):
+    """Below ``TRITON_FIRST_QUERIES`` queries: the compiled merge, then the Triton one, then the plain one."""
     tried = []
 
     def disagreement(n, *args, merge=None, prefix=None, **kwargs):
@@ -223,8 +224,10 @@ def test_serves_tries_the_triton_merge_between_the_compiled_and_the_plain_one(mo
     monkeypatch.setattr(sa, "_disagreement", disagreement)
     monkeypatch.setattr(sa, "_SERVES", {})
     monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    monkeypatch.setattr(sa, "TRITON_PREFIX", False)
+    n = sa.TRITON_FIRST_QUERIES - 1
     with caplog.at_level("WARNING", logger=sa.__name__):
-        assert sa.serves(torch.zeros(1, 4, 2, 16), torch.zeros(1, 2, 100, 16), 3) == (sa.prefix_flash, sa.triton_merge)
+        assert sa.serves(torch.zeros(1, 4, n, 16), torch.zeros(1, 2, 100, 16), 3) == (sa.prefix_flash, sa.triton_merge)
     assert tried == [None, sa.triton_merge]
     assert "the Triton merge serves them" in caplog.text
 
@@ -243,6 +246,7 @@ def test_from_triton_first_queries_on_serves_tries_the_triton_merge_first(monkey
     monkeypatch.setattr(sa, "_disagreement", disagreement)
     monkeypatch.setattr(sa, "_SERVES", {})
     monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    monkeypatch.setattr(sa, "TRITON_PREFIX", False)  # the merges' order alone
     k, first = torch.zeros(1, 2, 100, 16), sa.TRITON_FIRST_QUERIES
     with caplog.at_level("WARNING", logger=sa.__name__):
         assert sa.serves(torch.zeros(1, 4, first - 1, 16), k, 3) == (sa.prefix_flash, sa._merge_kernel(k.device))
@@ -270,15 +274,29 @@ def test_with_triton_prefix_on_serves_tries_the_triton_prefix_first_then_the_fla
     with caplog.at_level("WARNING", logger=sa.__name__):
         assert sa.serves(torch.zeros(1, 4, 2, 16), k, 3) == (sa.prefix_triton, sa.triton_merge)
         assert not caplog.text
-        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) == (sa.prefix_flash, sa._merge_kernel(k.device))
+        assert sa.serves(torch.zeros(1, 4, 3, 16), k, 3) == (sa.prefix_flash, sa.triton_merge)
     assert tried == [(2, sa.prefix_triton, sa.triton_merge), (3, sa.prefix_triton, sa.triton_merge),
-                     (3, sa.prefix_flash, None)]
+                     (3, sa.prefix_flash, sa.triton_merge)]
     assert "Triton prefix: differs from the reference by 2" in caplog.text
     monkeypatch.setattr(sa, "triton_available", lambda device: False)  # no Triton: the flash prefix only
-    assert [prefix for _, prefix, _ in sa._candidates(2, k.device)] == [sa.prefix_flash] * 2
+    assert [prefix for _, prefix, _ in sa._candidates(2, k.device, 16)] == [sa.prefix_flash] * 2
 
 
-@pytest.mark.parametrize("rows", [6, 390])
+def test_by_default_the_triton_prefix_goes_first_where_it_was_measured_faster(monkeypatch):
+    """``TRITON_PREFIX = None``: the Triton prefix first from 2 queries at head dim 256 and for 2 to 16
+    at 128; one query, and longer blocks at 128, start with the flash prefix; True and False force it."""
+    monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    monkeypatch.setattr(sa, "TRITON_PREFIX", None)
+    first = lambda n, d: sa._candidates(n, torch.device("cpu"), d)[0][1]  # noqa: E731
+    assert [first(n, 256) for n in (1, 2, 65, 257)] == [sa.prefix_flash] + [sa.prefix_triton] * 3
+    assert [first(n, 128) for n in (1, 16, 17, 65)] == [sa.prefix_flash, sa.prefix_triton, sa.prefix_flash, sa.prefix_flash]
+    monkeypatch.setattr(sa, "TRITON_PREFIX", True)
+    assert first(65, 128) is sa.prefix_triton and first(1, 256) is sa.prefix_triton
+    monkeypatch.setattr(sa, "TRITON_PREFIX", False)
+    assert first(65, 256) is sa.prefix_flash
+
+
+@pytest.mark.parametrize("rows", [6, 390, 1542])
 @pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (90, "bf16", 128),
                                                    (90, "bf16", 16)])
 def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim, rows):
