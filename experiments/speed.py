@@ -27,8 +27,10 @@ context, it exceeds the read floor.
 ``attention`` is the fast target's and the DFlash drafter's (``auto``: from ``flex_threshold`` live
 rows on, split attention where it serves, else FlexAttention; ``flex``: FlexAttention only, the
 split's baseline); ``split_prefix`` picks the split's prefix kernel (``flash`` or ``triton``; null:
-the library's choice, ``split_attention.TRITON_PREFIX``); ``max_length: null`` sizes the caches
-for the longest prompt.
+the library's choice, ``split_attention.triton_prefix_first``); ``fuse_projections=true`` gives the
+fast target each layer's same-input projections as one GEMM (``fused.fuse_projections``: an MLP's
+gate and up, a GDN layer's four input projections); ``max_length: null`` sizes the caches for the
+longest prompt.
 """
 
 from __future__ import annotations
@@ -318,12 +320,13 @@ def main(cfg: DictConfig) -> None:
     if is_hybrid(model):
         eager = HybridTarget(model)
         fast = StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
-                                  flex_threshold=cfg.flex_threshold, triton=cfg.get("triton"))
+                                  flex_threshold=cfg.flex_threshold, triton=cfg.get("triton"),
+                                  fuse_projections=bool(cfg.get("fuse_projections", False)))
         print(f"hybrid fast path kernels: {fast.kernels()}", flush=True)
     else:
         eager = HFTarget(model)
         fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
-                            flex_threshold=cfg.flex_threshold)
+                            flex_threshold=cfg.flex_threshold, fuse_projections=bool(cfg.get("fuse_projections", False)))
     mtp_head = _mtp_head(cfg, model)
     rows, checks, floors, prefill_ms = [], {}, {}, {}
     out = Path(cfg.out)

@@ -166,7 +166,7 @@ def tree_solve_kernel(
 
 
 @triton.jit
-def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, n, C,
+def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, n, C, stride_x,
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
     """``gdn_tree.tree_causal_conv1d`` for a [BN, BC] tile of nodes x channels: tap m of node i reads row
     ``taps[i, m]`` of cat(window^T, x) (the window [C, K] where the row is < K, else x [n, C]); the
@@ -179,7 +179,7 @@ def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr,
     for m in tl.static_range(K):
         t = tl.load(taps_ptr + rows * K + m, mask=live, other=0)
         in_x = t >= K
-        from_x = tl.load(x_ptr + (t - K)[:, None] * C + cols[None, :], mask=both & in_x[:, None], other=0.0)
+        from_x = tl.load(x_ptr + (t - K)[:, None] * stride_x + cols[None, :], mask=both & in_x[:, None], other=0.0)
         from_window = tl.load(window_ptr + cols[None, :] * K + t[:, None], mask=both & ~in_x[:, None], other=0.0)
         row = tl.where(in_x[:, None], from_x.to(weight_ptr.dtype.element_ty),
                        from_window.to(weight_ptr.dtype.element_ty))

@@ -122,10 +122,12 @@ def gdn_tree_forward(
     else:
         window, initial = state.conv_window, state.recurrent_state
 
-    x = module.in_proj_qkv(hidden_states)[0]  # [n, C]
-    z = module.in_proj_z(hidden_states)[0].reshape(n, h, dv)
-    beta = module.in_proj_b(hidden_states)[0].sigmoid()  # [n, H]
-    a = module.in_proj_a(hidden_states)[0]  # [n, H]
+    # One GEMM where ``fused.fuse_projections`` stored the four together (column views of its output).
+    x, z, b, a = fused.project(module, ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), hidden_states)
+    x = x[0]  # [n, C]
+    z = z[0].reshape(n, h, dv)
+    beta = b[0].sigmoid()  # [n, H]
+    a = a[0]  # [n, H]
     if tables is None:
         tables = TreeTables.of(parents, module.conv_kernel_size)
     if initial is None:

@@ -148,10 +148,11 @@ def tree_conv(
     if n == 0:
         return out
     weight = weight.contiguous()
+    x = x if x.stride(1) == 1 else x.contiguous()  # rows may be strided (a column slice of a fused projection)
     grid = (-(-n // block_nodes), -(-c // block_channels))
     _kernels().tree_conv_kernel[grid](
-        x.contiguous(), window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(),
-        out, n, c, K=k, HAS_BIAS=bias is not None, BN=block_nodes, BC=block_channels,
+        x, window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(),
+        out, n, c, x.stride(0), K=k, HAS_BIAS=bias is not None, BN=block_nodes, BC=block_channels,
     )
     return out
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from ddtree.models import fused, gdn_tree_triton
+from ddtree.models import fused, gdn_tree_layer, gdn_tree_triton
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
@@ -96,11 +96,16 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     (``cuda_graphs=False``) it runs the same buffers eagerly, which is how CPU tests check it.
 
     >>> target = StaticHybridTarget(model, max_length=8192)     # doctest: +SKIP
+
+    ``fuse_projections=True`` stores each GDN layer's four input projections, and each MLP's gate and
+    up, in one tensor a group (``fused.fuse_projections``: the parameters become views of it); a tree
+    verify then runs each group as one GEMM (the MLP's with ``fuse``). Off by default until timed in
+    whole rounds.
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "dense",
-                 flex_threshold: int = 4096, triton: bool | None = None) -> None:
+                 flex_threshold: int = 4096, triton: bool | None = None, fuse_projections: bool = False) -> None:
         if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         super().__init__(model, max_length)
@@ -120,6 +125,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             raise ValueError("the Triton tree delta rule needs fuse=True, Triton installed and the model on a CUDA GPU")
         # The tree delta rule as one Triton kernel per layer (fused path on a GPU), else torch ops.
         self.triton = self.fuse and gdn_tree_triton.available(device) if triton is None else bool(triton)
+        self.fused_projections = fused.fuse_projections(model) if fuse_projections else 0
         self._probed = False
         use_folded_sdpa(model)
         cfg = self.config
@@ -150,9 +156,12 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         fla = importlib.util.find_spec("fla") is not None
         return {
             "prefill": "flash-linear-attention" if fla else "torch fallback (install the gdn extra for its kernels)",
-            "verify": ("torch.compile'd tree conv, Triton tree delta rule" if self.triton
+            "verify": ("Triton tree conv and delta rule" if self.triton and gdn_tree_layer.TRITON_CONV
+                       else "torch.compile'd tree conv, Triton tree delta rule" if self.triton
                        else "torch.compile'd tree conv and delta rule" if self.fuse
                        else "torch tree conv and delta rule") + (", CUDA graphs" if self.cuda_graphs else "")
+            + (f", {self.fused_projections} same-input projection groups as one GEMM each"
+               if self.fused_projections else "")
             + (" (to be compiled at the first verify: a failure there falls back, with a warning)"
                if self.fuse and not self._probed else ""),
         }

@@ -75,11 +75,15 @@ class StaticTarget(FlexChoice, HFTarget):
 
     >>> target = StaticTarget(model, max_length=4096)     # doctest: +SKIP
     >>> long = StaticTarget(model, max_length=135168, attention="auto", flex_threshold=4096)  # doctest: +SKIP
+
+    ``fuse_projections=True`` stores each MLP's gate and up weights in one tensor
+    (``fused.fuse_projections``: the parameters become views of it) and, with ``fuse``, runs them as one
+    GEMM. Off by default until timed in whole rounds.
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "auto",
-                 flex_threshold: int = 4096, prefill_chunk: int = 4096) -> None:
+                 flex_threshold: int = 4096, prefill_chunk: int = 4096, fuse_projections: bool = False) -> None:
         if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         if prefill_chunk < 1:
@@ -97,6 +101,7 @@ class StaticTarget(FlexChoice, HFTarget):
             raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
         self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
+        self.fused_projections = fused.fuse_projections(model) if fuse_projections else 0
         self._probed = False  # whether the fused functions were compiled once (``_probe_compiler``)
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
         self.masks = FoldedMasks(self.groups, width_step, self.max_length, self.dtype, self.input_device)

@@ -95,6 +95,23 @@ def test_every_strategy_equals_target_greedy(tiny_models, family, length):
     assert taus["ddtree64-oracle"] > taus["dflash-oracle"]
 
 
+def test_the_hybrid_fast_path_with_fused_projections_equals_target_greedy():
+    """``StaticHybridTarget(fuse_projections=True)`` (each GDN layer's four input projections as one
+    GEMM): every strategy gives the target's greedy tokens, on a model of its own (fusing re-points
+    the model's weights)."""
+    from ddtree.testing import tiny_hybrid_target
+
+    model = tiny_hybrid_target()
+    prompt = _prompt(7, seed=3)
+    expected = _greedy_reference(model, prompt)
+    target = StaticHybridTarget(model, max_length=512, cuda_graphs=False, width_step=16, fuse_projections=True)
+    assert target.fused_projections == 2 * model.config.num_hidden_layers - sum(
+        t == "full_attention" for t in model.config.layer_types)
+    for name, drafter, tree in _strategies(model, target):
+        engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
+        assert engine.generate(prompt, max_new_tokens=NEW_TOKENS).tokens == expected, name
+
+
 def test_stop_token_ends_like_generate(tiny_models, family):
     model = tiny_models[family]
     prompt = _prompt(5, seed=11)

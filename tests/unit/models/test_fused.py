@@ -344,3 +344,50 @@ def test_the_dflash_rotary_goes_through_the_compiled_kernel(tiny_models, monkeyp
     assert len(calls) == 3 * cfg.num_hidden_layers  # per layer: the context's k, then the block's q and k
     run()
     assert len(calls) == 3 * cfg.num_hidden_layers
+
+
+def test_fuse_projections_puts_each_group_in_one_weight_and_keeps_every_value():
+    """``fuse_projections`` on a tiny hybrid: every MLP's gate and up and every GDN layer's four input
+    projections become row views of one tensor a group (adjacent in memory), the state dict keeps its
+    values, ``project`` equals the separate linears, the forward is unchanged (plain and under
+    ``fused_ops``), a second call fuses nothing, and after ``.to(float64)`` ``project`` falls back."""
+    from ddtree.testing import tiny_hybrid_target
+
+    model = tiny_hybrid_target(num_layers=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, 90, (1, 9), generator=torch.Generator().manual_seed(0))
+    want = model(ids).logits
+    gdn = sum(t == "linear_attention" for t in model.config.layer_types)
+    assert fused.fuse_projections(model) == model.config.num_hidden_layers + gdn
+    assert fused.fuse_projections(model) == 0
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+    mlp, layer = model.model.layers[0].mlp, model.model.layers[0].linear_attn
+    gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    assert up.data_ptr() == gate.data_ptr() + gate.numel() * gate.element_size()
+    x = torch.randn(1, 5, model.config.hidden_size)
+    names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    for module, group in ((mlp, ("gate_proj", "up_proj")), (layer, names)):
+        for got, name in zip(fused.project(module, group, x), group, strict=True):
+            torch.testing.assert_close(got, getattr(module, name)(x))
+    torch.testing.assert_close(model(ids).logits, want)
+    with fused_ops(model, compile=False):
+        torch.testing.assert_close(model(ids).logits, want)
+    model.to(torch.float64)
+    outs = fused.project(mlp, ("gate_proj", "up_proj"), x.double())
+    assert all(o.dtype == torch.float64 for o in outs)
+    torch.testing.assert_close(outs[1], mlp.up_proj(x.double()))
+
+
+def test_static_target_fuses_each_mlp_s_gate_and_up_when_asked():
+    """``StaticTarget(fuse_projections=True)`` on a tiny Qwen3: one group a layer (its MLP's gate and up;
+    attention's q, k and v stay apart), the same prefill logits as without."""
+    from ddtree.models.static_target import StaticTarget
+
+    model = tiny_target("qwen3")
+    ids = torch.randint(0, 90, (7,), generator=torch.Generator().manual_seed(1))
+    want = StaticTarget(model, max_length=64, cuda_graphs=False).prefill(ids).logits
+    target = StaticTarget(model, max_length=64, cuda_graphs=False, fuse_projections=True)
+    assert target.fused_projections == model.config.num_hidden_layers
+    assert StaticTarget(model, max_length=64, cuda_graphs=False).fused_projections == 0
+    torch.testing.assert_close(target.prefill(ids).logits, want)

@@ -48,18 +48,19 @@ def test_bad_blocks_and_precision_are_refused():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n, channels, bias", [(1, 24, False), (19, 40, True), (37, 300, False)])
-def test_tree_conv_kernel_matches_the_torch_tree_conv(interpreted, n, channels, bias, dtype):
+@pytest.mark.parametrize("n, channels, bias, strided", [(1, 24, False, False), (19, 40, True, True), (37, 300, False, False)])
+def test_tree_conv_kernel_matches_the_torch_tree_conv(interpreted, n, channels, bias, strided, dtype):
     """``tree_conv`` against ``tree_causal_conv1d`` on random forests: taps into the window (roots and
     their children) and into x, channel and node tiles with ragged edges; float32 to 1e-6, bf16 to one
-    rounding of the output."""
+    rounding of the output; x with strided rows (a column slice of a fused projection) read in place."""
     gen = torch.Generator().manual_seed(n + channels)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
     if n > 7:
         parents[7] = -1
     k = 4
     r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
-    x, window, weight = r(n, channels), r(channels, k), r(channels, k)
+    x = r(n, channels + 7)[:, 3:3 + channels] if strided else r(n, channels)  # strided: a fused projection's slice
+    window, weight = r(channels, k), r(channels, k)
     b = r(channels) if bias else None
     taps = conv_taps(parents, k)
     want = tree_causal_conv1d(x, None, window, weight, b, taps)
