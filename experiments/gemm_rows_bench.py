@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 
 from ddtree.metrics.timer import graphed_us
+from ddtree.models.fused import PROJECTION_GROUPS
 
-# Projections that read one input, by module name: fused into one weight in ``fused_ms``.
-GROUPS = (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), ("q_proj", "k_proj", "v_proj"),
-          ("gate_proj", "up_proj"))
+# Projections that read one input, by module name: fused into one weight in ``fused_ms``, as
+# ``fused.fuse_projections`` stores them.
+GROUPS = PROJECTION_GROUPS
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -281,16 +281,20 @@ def _contents(cell: types.CellType) -> Any:
 # -- same-input projections as one GEMM ------------------------------------------------------
 
 # Linear layers of one module that read the same input: an MLP's gate and up, a Qwen3.5/3.6 GDN
-# layer's four input projections. ``fuse_projections`` stores each group in one weight.
+# layer's four input projections, an attention layer's q, k and v. ``fuse_projections`` stores each
+# group in one weight.
 PROJECTION_GROUPS: tuple[tuple[str, ...], ...] = (("gate_proj", "up_proj"),
-                                                  ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
+                                                  ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+                                                  ("q_proj", "k_proj", "v_proj"))
+QKV = PROJECTION_GROUPS[2]
 _FUSED = "_ddtree_fused_projections"  # module attribute: {names: (weight, sizes)}
 
 
 def fuse_projections(model: nn.Module) -> int:
     """Store each group of ``PROJECTION_GROUPS`` that a module holds in one weight, and make each
     linear's weight a view of its rows: the same values and memory, and one GEMM where a forward asks
-    through ``project`` (at 257 rows of Qwen3.6-27B, 23.0 ms of GEMMs against 26.5, and at one row
+    through ``project`` (an MLP's and a GDN layer's in ``fused_ops`` and the tree verify; an attention
+    layer's q, k and v in ``fused_ops``, the first of the three calls computing all three) (at 257 rows of Qwen3.6-27B, 23.0 ms of GEMMs against 26.5, and at one row
     18.9 against 20.0, on one H100: ``experiments/gemm_rows_bench.py``). A group is skipped where its
     linears differ in input size, dtype or device, have a bias, sit on the meta device or carry an
     accelerate hook (offloaded or dispatched weights). Returns the number of groups fused; calling it
@@ -339,6 +343,25 @@ def project(module: nn.Module, names: tuple[str, ...], x: Tensor) -> tuple[Tenso
         if all(getattr(module, name).weight.data_ptr() == base + off * step for name, off in zip(names, offsets)):
             return torch.nn.functional.linear(x, weight).split(sizes, dim=-1)
     return tuple(getattr(module, name)(x) for name in names)
+
+
+def _shared_projection_forwards(module: nn.Module, names: tuple[str, ...]) -> list[Callable]:
+    """Instance forwards for the linears ``names`` of ``module`` (called one after another on one input,
+    as an attention forward calls q, k and v): the first call runs ``project`` (one GEMM where fused)
+    and keeps the outputs; the others return theirs while the input is the same tensor, else run again."""
+    kept: dict[str, Any] = {}
+
+    def forward_for(i: int) -> Callable:
+        def forward(x: Tensor) -> Tensor:
+            if kept.get("input") is not x:
+                kept["input"], kept["outputs"] = x, project(module, names, x)
+            out = kept["outputs"][i]
+            if i == len(names) - 1:
+                kept.clear()  # no tensor outlives the layer
+            return out
+        return forward
+
+    return [forward_for(i) for i in range(len(names))]
 
 
 def _norm_forward(module: nn.Module, fn: Callable) -> Callable:
@@ -426,6 +449,10 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
             elif type(m) in mlp_types and type(getattr(m, "act_fn", None)) in silu:
                 _push(m, "forward", _mlp_forward(m, mlp_fn), owner)
                 patched += 1
+        for m in model.modules():  # attention layers whose q, k and v ``fuse_projections`` stored together
+            if QKV in getattr(m, _FUSED, {}) and not any("forward" in vars(getattr(m, n)) for n in QKV):
+                for name, forward in zip(QKV, _shared_projection_forwards(m, QKV)):
+                    _push(getattr(m, name), "forward", forward, owner)
         for mod, _, _, attention in families:
             # Free: no instance forward, or one a fused_ops context set (nested contexts).
             modules = [m for m in model.modules() if type(m) is attention

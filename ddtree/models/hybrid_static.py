@@ -97,9 +97,10 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
 
     >>> target = StaticHybridTarget(model, max_length=8192)     # doctest: +SKIP
 
-    ``fuse_projections=True`` stores each GDN layer's four input projections, and each MLP's gate and
-    up, in one tensor a group (``fused.fuse_projections``: the parameters become views of it); a tree
-    verify then runs each group as one GEMM (the MLP's with ``fuse``). Off by default until timed in
+    ``fuse_projections=True`` stores each GDN layer's four input projections, each MLP's gate and up and
+    each attention layer's q, k and v in one tensor a group (``fused.fuse_projections``: the parameters
+    become views of it); a tree verify then runs each group as one GEMM (the MLP's and the attention's
+    with ``fuse``). Off by default until timed in
     whole rounds.
     """
 

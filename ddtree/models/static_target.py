@@ -76,9 +76,9 @@ class StaticTarget(FlexChoice, HFTarget):
     >>> target = StaticTarget(model, max_length=4096)     # doctest: +SKIP
     >>> long = StaticTarget(model, max_length=135168, attention="auto", flex_threshold=4096)  # doctest: +SKIP
 
-    ``fuse_projections=True`` stores each MLP's gate and up weights in one tensor
-    (``fused.fuse_projections``: the parameters become views of it) and, with ``fuse``, runs them as one
-    GEMM. Off by default until timed in whole rounds.
+    ``fuse_projections=True`` stores each MLP's gate and up weights, and each attention layer's q, k and
+    v, in one tensor a group (``fused.fuse_projections``: the parameters become views of it) and, with
+    ``fuse``, runs each group as one GEMM. Off by default until timed in whole rounds.
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,

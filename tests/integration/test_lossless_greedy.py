@@ -105,8 +105,7 @@ def test_the_hybrid_fast_path_with_fused_projections_equals_target_greedy():
     prompt = _prompt(7, seed=3)
     expected = _greedy_reference(model, prompt)
     target = StaticHybridTarget(model, max_length=512, cuda_graphs=False, width_step=16, fuse_projections=True)
-    assert target.fused_projections == 2 * model.config.num_hidden_layers - sum(
-        t == "full_attention" for t in model.config.layer_types)
+    assert target.fused_projections == 2 * model.config.num_hidden_layers
     for name, drafter, tree in _strategies(model, target):
         engine = SpeculativeEngine(target, drafter, tree, DenseMaskCompiler(), GreedyVerifier())
         assert engine.generate(prompt, max_new_tokens=NEW_TOKENS).tokens == expected, name

@@ -357,8 +357,7 @@ def test_fuse_projections_puts_each_group_in_one_weight_and_keeps_every_value():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.randint(0, 90, (1, 9), generator=torch.Generator().manual_seed(0))
     want = model(ids).logits
-    gdn = sum(t == "linear_attention" for t in model.config.layer_types)
-    assert fused.fuse_projections(model) == model.config.num_hidden_layers + gdn
+    assert fused.fuse_projections(model) == 2 * model.config.num_hidden_layers  # an MLP + a GDN or attention group
     assert fused.fuse_projections(model) == 0
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
@@ -380,14 +379,28 @@ def test_fuse_projections_puts_each_group_in_one_weight_and_keeps_every_value():
 
 
 def test_static_target_fuses_each_mlp_s_gate_and_up_when_asked():
-    """``StaticTarget(fuse_projections=True)`` on a tiny Qwen3: one group a layer (its MLP's gate and up;
-    attention's q, k and v stay apart), the same prefill logits as without."""
+    """``StaticTarget(fuse_projections=True)`` on a tiny Qwen3: two groups a layer (its MLP's gate and
+    up, its attention's q, k and v), the same prefill logits as without, and under ``fused_ops`` the
+    attention's three linears run as one GEMM with the same forward."""
     from ddtree.models.static_target import StaticTarget
 
     model = tiny_target("qwen3")
     ids = torch.randint(0, 90, (7,), generator=torch.Generator().manual_seed(1))
     want = StaticTarget(model, max_length=64, cuda_graphs=False).prefill(ids).logits
     target = StaticTarget(model, max_length=64, cuda_graphs=False, fuse_projections=True)
-    assert target.fused_projections == model.config.num_hidden_layers
+    assert target.fused_projections == 2 * model.config.num_hidden_layers
     assert StaticTarget(model, max_length=64, cuda_graphs=False).fused_projections == 0
     torch.testing.assert_close(target.prefill(ids).logits, want)
+    calls = []
+    attention = model.model.layers[0].self_attn
+    original = fused.project
+    with fused_ops(model, compile=False):
+        fused.project = lambda module, names, x: calls.append(names) or original(module, names, x)
+        try:
+            got = model(ids[None]).logits
+        finally:
+            fused.project = original
+        assert all("forward" in vars(getattr(attention, n)) for n in fused.QKV)
+    assert not any("forward" in vars(getattr(attention, n)) for n in fused.QKV)  # restored
+    assert calls.count(fused.QKV) == model.config.num_hidden_layers  # one GEMM a layer, not three
+    torch.testing.assert_close(got, model(ids[None]).logits)  # outside the context: three GEMMs on the views
