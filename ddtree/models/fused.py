@@ -292,10 +292,11 @@ _FUSED = "_ddtree_fused_projections"  # module attribute: {names: (weight, sizes
 
 def fuse_projections(model: nn.Module) -> int:
     """Store each group of ``PROJECTION_GROUPS`` that a module holds in one weight, and make each
-    linear's weight a view of its rows: the same values and memory, and one GEMM where a forward asks
-    through ``project`` (an MLP's and a GDN layer's in ``fused_ops`` and the tree verify; an attention
-    layer's q, k and v in ``fused_ops``, the first of the three calls computing all three) (at 257 rows of Qwen3.6-27B, 23.0 ms of GEMMs against 26.5, and at one row
-    18.9 against 20.0, on one H100: ``experiments/gemm_rows_bench.py``). A group is skipped where its
+    linear's weight a view of its rows: the same values and memory, and one GEMM wherever a forward
+    goes through ``project``: an MLP's group inside ``fused_ops``, a GDN layer's in the tree verify, an
+    attention layer's q, k and v inside ``fused_ops`` (the first of the three calls computes all
+    three). On one H100 the Qwen3.6-27B geometry's linear layers took 23.0 ms so at 257 rows against
+    26.5, and 18.9 against 20.0 at one row (``experiments/gemm_rows_bench.py``). A group is skipped where its
     linears differ in input size, dtype or device, have a bias, sit on the meta device or carry an
     accelerate hook (offloaded or dispatched weights). Returns the number of groups fused; calling it
     again fuses nothing new. The model's parameters stay what they were, views of one tensor a group;
