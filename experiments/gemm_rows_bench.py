@@ -3,9 +3,9 @@
     python experiments/gemm_rows_bench.py --geometry qwen3.6-27b --out gemm_rows.json   # one GPU, ~30 s
 
 A verify of n tokens runs each linear layer as one GEMM of n rows. At a few rows the GEMMs read
-their weights (memory-bound); at a few hundred they compute, and then the tile grid decides what a
-row costs: 257 rows (a budget-256 tree and its root) fill three 128-row tiles by a third. For each
-row count of ``--rows`` this prints and writes
+their weights (memory-bound); at a few hundred they compute, and the kernel cuBLAS picks for each
+shape decides what a row costs (compare 256 rows with 257: a budget-256 tree and its root). For
+each row count of ``--rows`` this prints and writes
 
 - ``ms``: the sum over the model's linear layers (each distinct weight shape timed once, times its
   count), ``tflops``: what that sum achieves;
@@ -28,10 +28,6 @@ import torch
 from ddtree.metrics.timer import graphed_us
 from ddtree.models.fused import PROJECTION_GROUPS
 
-# Projections that read one input, by module name: fused into one weight in ``fused_ms``, as
-# ``fused.fuse_projections`` stores them.
-GROUPS = PROJECTION_GROUPS
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,7 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def linear_shapes(geometry: str) -> tuple[collections.Counter, collections.Counter]:
     """``(in, out)`` -> count over every ``nn.Linear`` of the geometry (built on the meta device), and
-    the same with each group of ``GROUPS`` in one layer summed into one shape."""
+    the same with each group of ``PROJECTION_GROUPS`` in one layer summed into one shape (as
+    ``fused.fuse_projections`` stores them)."""
     from ddtree.models import geometry as g
 
     with torch.device("meta"):
@@ -59,7 +56,7 @@ def linear_shapes(geometry: str) -> tuple[collections.Counter, collections.Count
     for parent in model.modules():
         linears = {name: m for name, m in parent.named_children() if isinstance(m, torch.nn.Linear)}
         grouped = set()
-        for group in GROUPS:
+        for group in PROJECTION_GROUPS:
             if all(name in linears for name in group):
                 fused[(linears[group[0]].in_features, sum(linears[n].out_features for n in group))] += 1
                 grouped.update(group)

@@ -29,8 +29,8 @@ rows on, split attention where it serves, else FlexAttention; ``flex``: FlexAtte
 split's baseline); ``split_prefix`` picks the split's prefix kernel (``flash`` or ``triton``; null:
 the library's choice, ``split_attention.triton_prefix_first``); ``fuse_projections=true`` gives the
 fast target each layer's same-input projections as one GEMM (``fused.fuse_projections``: an MLP's
-gate and up, a GDN layer's four input projections, an attention layer's q, k and v); ``max_length: null`` sizes the caches for the
-longest prompt.
+gate and up, a GDN layer's four input projections, an attention layer's q, k and v);
+``max_length: null`` sizes the caches for the longest prompt.
 """
 
 from __future__ import annotations

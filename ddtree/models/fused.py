@@ -287,7 +287,7 @@ PROJECTION_GROUPS: tuple[tuple[str, ...], ...] = (("gate_proj", "up_proj"),
                                                   ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
                                                   ("q_proj", "k_proj", "v_proj"))
 QKV = PROJECTION_GROUPS[2]
-_FUSED = "_ddtree_fused_projections"  # module attribute: {names: (weight, sizes)}
+_FUSED = "_ddtree_fused_projections"  # module attribute: {names: (weight, sizes, each linear's weight address)}
 
 
 def fuse_projections(model: nn.Module) -> int:
@@ -324,7 +324,7 @@ def fuse_projections(model: nn.Module) -> int:
                 start += size
             if not hasattr(module, _FUSED):
                 object.__setattr__(module, _FUSED, {})
-            getattr(module, _FUSED)[names] = (fused_weight, tuple(sizes))
+            getattr(module, _FUSED)[names] = (fused_weight, tuple(sizes), tuple(m.weight.data_ptr() for m in linears))
             count += 1
     return count
 
@@ -335,14 +335,9 @@ def project(module: nn.Module, names: tuple[str, ...], x: Tensor) -> tuple[Tenso
     ``.to()`` or parameter swap falls back), else one call per linear. The split outputs are views."""
     fused = getattr(module, _FUSED, {}).get(names)
     if fused is not None:
-        weight, sizes = fused
-        offsets = [0]
-        for size in sizes[:-1]:
-            offsets.append(offsets[-1] + size)
-        base = weight.data_ptr()
-        step = weight.stride(0) * weight.element_size()
-        if all(getattr(module, name).weight.data_ptr() == base + off * step for name, off in zip(names, offsets)):
-            return torch.nn.functional.linear(x, weight).split(sizes, dim=-1)
+        weight, sizes, addresses = fused
+        if all(getattr(module, name).weight.data_ptr() == at for name, at in zip(names, addresses)):
+            return F.linear(x, weight).split(sizes, dim=-1)
     return tuple(getattr(module, name)(x) for name in names)
 
 

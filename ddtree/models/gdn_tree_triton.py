@@ -155,4 +155,3 @@ def tree_conv(
         out, n, c, x.stride(0), K=k, HAS_BIAS=bias is not None, BN=block_nodes, BC=block_channels,
     )
     return out
-

@@ -173,6 +173,15 @@ def _triton_kernels():
     return split_merge_kernels
 
 
+def padded_head_dim(d: int) -> int:
+    """The Triton kernels' head-dim tile: d rounded up to a power of two, at least 16.
+
+    >>> padded_head_dim(96), padded_head_dim(128), padded_head_dim(8)
+    (128, 128, 16)
+    """
+    return max(16, 1 << (d - 1).bit_length())
+
+
 def merge_tiles(m: int, d: int) -> tuple[int, int, int]:
     """``block_merge_kernel``'s (BM folded rows, BC output columns, SB segments loaded at once) for m
     folded rows of head dim d. Up to 512 rows: 16-row blocks for a few rows (one query: the heads of a
@@ -185,7 +194,7 @@ def merge_tiles(m: int, d: int) -> tuple[int, int, int]:
     >>> merge_tiles(6, 256), merge_tiles(390, 256), merge_tiles(1542, 256), merge_tiles(1028, 128)
     ((16, 64, 8), (32, 64, 4), (32, 256, 1), (64, 128, 1))
     """
-    block_d = max(16, 1 << (d - 1).bit_length())
+    block_d = padded_head_dim(d)
     if m > 512:
         block_m, block_c = (32 if block_d >= 256 else 64), block_d
     else:
@@ -206,7 +215,7 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
     if keys.stride() != values.stride() or not visible.is_contiguous():
         raise ValueError("triton_merge wants keys and values of one layout and a contiguous visibility")
     result = torch.empty(kv_heads, m, d, dtype=folded.dtype, device=folded.device)
-    block_d, (block_m, block_c, group) = max(16, 1 << (d - 1).bit_length()), merge_tiles(m, d)
+    block_d, (block_m, block_c, group) = padded_head_dim(d), merge_tiles(m, d)
     grid = (math.ceil(m / block_m), kv_heads, math.ceil(d / block_c))
     _triton_kernels().block_merge_kernel[grid](
         folded, keys, values, visible, out, lse, lengths, result, scale, m, n, d, segments,
@@ -240,7 +249,7 @@ def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBou
     segments = bounds.segments
     out = torch.empty(segments, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
     lse = torch.empty(segments, kv_heads, m, dtype=torch.float32, device=folded.device)
-    block_d = max(16, 1 << (d - 1).bit_length())
+    block_d = padded_head_dim(d)
     block_m, block_n, warps, stages = PREFIX_TILES[block_d]
     grid = (math.ceil(m / block_m), kv_heads, segments)
     _triton_kernels().prefix_segment_kernel[grid](
