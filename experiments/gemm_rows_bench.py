@@ -81,6 +81,8 @@ def time_shapes(shapes, rows: int, reps: int) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("experiments/gemm_rows_bench.py times GPU kernels: no CUDA device is visible")
     plain, fused = linear_shapes(args.geometry)
     every = sorted(set(plain) | set(fused))
     flops = lambda counter, n: 2 * n * sum(c * k * o for (k, o), c in counter.items())  # noqa: E731

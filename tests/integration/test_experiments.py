@@ -302,7 +302,7 @@ def test_speed_floors_count_the_verify_s_flops_and_its_nodes():
     assert speed._compute_floor_ms(model, 100, 5) == pytest.approx(1e3 * want / speed.PEAK_FLOPS)
 
 
-def test_gemm_rows_bench_counts_every_linear_weight_once_plain_and_fused():
+def test_gemm_rows_bench_counts_every_linear_weight_once_plain_and_fused(monkeypatch):
     """experiments/gemm_rows_bench.py's shapes: the plain and the fused lists hold the same weights
     (the Qwen3.6-27B geometry on the meta device), and fusing leaves one GEMM per group and layer."""
     spec = importlib.util.spec_from_file_location(
@@ -314,4 +314,9 @@ def test_gemm_rows_bench_counts_every_linear_weight_once_plain_and_fused():
     assert weights(plain) == weights(fused) == 25_621_954_560
     assert fused[(5120, 10240 + 6144 + 48 + 48)] == 48  # a GDN layer's qkv, z, b and a
     assert fused[(5120, 2 * 17408)] == 64 and fused[(5120, 12288 + 2 * 1024)] == 16
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device"):  # without a GPU: one line, before any work
+        bench.main([])
     assert sum(plain.values()) == 64 * 3 + 48 * 5 + 16 * 4 + 1 and sum(fused.values()) == 64 * 2 + 64 * 2 + 1
