@@ -46,10 +46,13 @@ def fast_path_fits(model: PreTrainedModel) -> bool:
     return one_cuda and (is_hybrid(model) or graphable(_text_config(model)))
 
 
-def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool | str = "auto") -> HFTarget:
+def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool | str = "auto",
+               fuse_projections: bool = False) -> HFTarget:
     """The target class a model needs: a static one (``StaticHybridTarget`` for a model with GDN
     layers, else ``StaticTarget``) when ``fast`` is True, or "auto" and the model fits it
     (``fast_path_fits``); otherwise ``HybridTarget`` or ``HFTarget``. Every choice decodes the same tokens.
+    ``fuse_projections`` is handed to a static target (each layer's same-input projections as one GEMM;
+    the model's weights become views, see ``fused.fuse_projections``); the eager targets ignore it.
 
     >>> target_for(tiny_hybrid_target()).__class__.__name__   # doctest: +SKIP
     'HybridTarget'
@@ -57,6 +60,7 @@ def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool
     if fast not in (True, False, "auto"):
         raise ValueError(f"fast must be true, false or auto, got {fast!r}")
     static = fast is True or (fast == "auto" and fast_path_fits(model))
-    if is_hybrid(model):
-        return StaticHybridTarget(model, max_length or STATIC_LENGTH) if static else HybridTarget(model, max_length)
-    return StaticTarget(model, max_length or STATIC_LENGTH) if static else HFTarget(model, max_length)
+    if not static:
+        return HybridTarget(model, max_length) if is_hybrid(model) else HFTarget(model, max_length)
+    cls = StaticHybridTarget if is_hybrid(model) else StaticTarget
+    return cls(model, max_length or STATIC_LENGTH, fuse_projections=fuse_projections)

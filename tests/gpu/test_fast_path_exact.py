@@ -8,6 +8,8 @@ others. ``ReplayDrafter`` drafts the known greedy text with swaps, so paths are 
 not a prefix of the tree (the commit moves rows), at no drafting cost.
 """
 
+import copy
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -43,6 +45,17 @@ def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
 def test_budget_sequences_on_one_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse):
     target = StaticTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse)
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
+
+
+@pytest.mark.parametrize("sequence", sorted(SEQUENCES))
+@pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])
+def test_fused_projections_on_the_graphed_target_are_greedy(setup, sequence, drafter_kind):
+    """``fuse_projections=True`` (MLP gate and up, attention q, k and v as one GEMM each) on the default
+    fast path, on a copy of the model: fusing turns its weights into views of one tensor a group."""
+    model = copy.deepcopy(setup[0])
+    target = StaticTarget(model, max_length=512, fuse_projections=True)
+    assert target.fused_projections == 2 * model.config.num_hidden_layers
+    _check_sequence((model, *setup[1:]), target, drafter_kind, SEQUENCES[sequence])
 
 
 @pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])

@@ -1,5 +1,7 @@
 """``target_for`` picks the one target class a model needs (``ddtree.models.dispatch``)."""
 
+import copy
+
 import pytest
 from transformers import Qwen3Config, Qwen3MoeConfig
 
@@ -19,6 +21,9 @@ def test_target_for_picks_the_fast_path_only_where_it_fits(tiny_models):
     assert type(target_for(hybrid, fast="auto")) is HybridTarget
     fast_hybrid = target_for(hybrid, fast=True)  # GDN state in static slabs, no graphs on a CPU
     assert type(fast_hybrid) is StaticHybridTarget and not fast_hybrid.cuda_graphs
+    fused = target_for(copy.deepcopy(hybrid), max_length=64, fast=True, fuse_projections=True)
+    assert type(fused) is StaticHybridTarget and fused.fused_projections == 2 * hybrid.config.num_hidden_layers
+    assert target_for(hybrid, fast=False, fuse_projections=True).__class__ is HybridTarget  # eager: unchanged
     with pytest.raises(ValueError, match="fast must be true, false or auto"):
         target_for(plain, fast="yes")
 
