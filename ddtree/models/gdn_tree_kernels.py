@@ -166,11 +166,13 @@ def tree_solve_kernel(
 
 
 @triton.jit
-def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, n, C, stride_x,
-                     K: tl.constexpr, HAS_BIAS: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, copy_ptr, n, C, stride_x,
+                     K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr, BN: tl.constexpr,
+                     BC: tl.constexpr):
     """``gdn_tree.tree_causal_conv1d`` for a [BN, BC] tile of nodes x channels: tap m of node i reads row
     ``taps[i, m]`` of cat(window^T, x) (the window [C, K] where the row is < K, else x [n, C]); the
-    products summed in float32 in tap order, plus the bias, rounded to the weight dtype, then SiLU."""
+    products summed in float32 in tap order, plus the bias, rounded to the weight dtype, then SiLU.
+    With ``COPY`` the tile's own rows of x are also stored, unchanged, at ``copy_ptr`` ([n, C])."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     live, lane = rows < n, cols < C
@@ -187,6 +189,9 @@ def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr,
         acc = acc + row.to(tl.float32) * w[None, :]
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + cols, mask=lane, other=0.0).to(tl.float32)[None, :]
+    if COPY:
+        own = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=both, other=0.0)
+        tl.store(copy_ptr + rows[:, None] * C + cols[None, :], own, mask=both)
     y = acc.to(weight_ptr.dtype.element_ty).to(tl.float32)
     y = y / (1.0 + tl.exp(-y))
     tl.store(out_ptr + rows[:, None] * C + cols[None, :], y.to(weight_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty),

@@ -196,18 +196,24 @@ TRITON_CONV = True
 
 def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
                     weight: Tensor, bias: Tensor | None, initial: Tensor, taps: Tensor, anc: Tensor, key_dim: int,
-                    value_dim: int, dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                    value_dim: int, dk: int, conv_copy: Tensor | None = None,
+                    updates_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``tree_mix`` with its elementwise steps compiled and the tree conv and delta rule as Triton kernels
     (``gdn_tree_triton``); the same outputs, on a CUDA device with Triton. Its dots are IEEE float32
-    for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits)."""
+    for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits).
+    ``conv_copy`` [n, C] receives x and ``updates_out`` [n, H, dv] the updates, written by the kernels
+    themselves (the fast path's commit stash, without a copy per layer)."""
+    if conv_copy is not None and not TRITON_CONV:
+        conv_copy.copy_(x)
     if TRITON_CONV:
-        mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps)
+        mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps, copy=conv_copy)
         q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk)
     else:
         q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
                                                                anc, key_dim, value_dim, dk)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
     out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision,
+                                                   updates=updates_out,
                                                    **gdn_tree_triton.rule_options(q.shape[0], precision))
     return out, k, updates, gamma, initial
 

@@ -80,8 +80,11 @@ def tree_delta_rule(
     value_block: int = 32,
     precision: str = "ieee",
     split: bool = False,
+    updates: Tensor | None = None,  # [n, H, dv] contiguous float32: where the updates are written
 ) -> tuple[Tensor, Tensor]:  # out [n, H, dv], updates [n, H, dv]
     """Per-node outputs and updates of the tree delta rule (``delta_rule_tensors``'s math).
+    ``updates`` names the tensor the updates go to (the hybrid fast path's commit stash); by default a
+    new one.
 
     One launch by default. ``split=True`` first builds every block of the system, of the masked
     scores and of the diagonal inverses in parallel (a program per head and row block, into
@@ -102,7 +105,11 @@ def tree_delta_rule(
     s0 = initial_state.float().contiguous()
     anc = anc.contiguous().view(torch.int8)
     out = torch.empty(n, h, dv, dtype=torch.float32, device=v.device)
-    updates = torch.empty_like(out)
+    if updates is None:
+        updates = torch.empty_like(out)
+    elif updates.shape != out.shape or updates.dtype != torch.float32 or not updates.is_contiguous():
+        raise ValueError(f"updates must be a contiguous {tuple(out.shape)} float32 tensor, got "
+                         f"{tuple(updates.shape)} {updates.dtype}")
     kernels, log2bt = _kernels(), block.bit_length() - 1
     if not split:
         kernels.tree_delta_kernel[(h, dv // value_block)](
@@ -136,15 +143,20 @@ def tree_conv(
     taps: Tensor,  # [n, K] ``conv_taps``
     block_nodes: int = 16,
     block_channels: int = 256,
+    copy: Tensor | None = None,  # [n, C] contiguous, x's dtype: also receives x, row for row
 ) -> Tensor:  # [n, C]
     """``gdn_tree.tree_causal_conv1d`` (conv over each node's root path, then SiLU) as one Triton kernel:
     a program per tile of nodes and channels reads its taps' rows in place from the window and x.
+    ``copy`` also gets x itself, written by the same programs (the hybrid fast path's commit stash).
 
     >>> y = tree_conv(x, window, weight, None, conv_taps(parents, 4))   # doctest: +SKIP
     """
     n, c = x.shape
     k = weight.shape[-1]
     out = torch.empty(n, c, dtype=x.dtype, device=x.device)
+    if copy is not None and (copy.shape != x.shape or copy.dtype != x.dtype or not copy.is_contiguous()):
+        raise ValueError(f"copy must be a contiguous {tuple(x.shape)} {x.dtype} tensor, got {tuple(copy.shape)} "
+                         f"{copy.dtype}")
     if n == 0:
         return out
     weight = weight.contiguous()
@@ -152,6 +164,7 @@ def tree_conv(
     grid = (-(-n // block_nodes), -(-c // block_channels))
     _kernels().tree_conv_kernel[grid](
         x, window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(),
-        out, n, c, x.stride(0), K=k, HAS_BIAS=bias is not None, BN=block_nodes, BC=block_channels,
+        out, out if copy is None else copy, n, c, x.stride(0), K=k, HAS_BIAS=bias is not None,
+        COPY=copy is not None, BN=block_nodes, BC=block_channels,
     )
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -288,12 +289,17 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     def _gdn_forward(self, slot: int, layer: int, tables: TreeTables, stash: GDNStash, mix):
         module = self.gdn_modules[layer]
 
+        # The Triton kernels write x and the updates into this layer's stash rows themselves.
+        into = functools.partial(mix, conv_copy=stash.conv_inputs[slot], updates_out=stash.updates[slot]) \
+            if mix is tree_mix_triton else None
+
         def forward(hidden_states: Tensor, *args, **kwargs) -> Tensor:  # [1, n, D] -> [1, n, D]
             state = GDNState(conv_window=self.conv[slot], recurrent_state=self.recurrent[slot])
-            out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables, mix)
-            stash.conv_inputs[slot].copy_(verify.conv_inputs)
+            out, verify = gdn_tree_forward(module, hidden_states, tables.parents, state, tables, into or mix)
+            if into is None:
+                stash.conv_inputs[slot].copy_(verify.conv_inputs)
+                stash.updates[slot].copy_(verify.delta.updates)
             stash.keys[slot].copy_(verify.delta.keys)
-            stash.updates[slot].copy_(verify.delta.updates)
             stash.log_decay[slot].copy_(verify.delta.log_decay)
             return out
 

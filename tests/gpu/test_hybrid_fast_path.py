@@ -6,6 +6,7 @@ one as long as a verify and one crossing a mask-width bucket, budget sequences r
 GDN tree math as captured (fp32 on the GPU) against the token-by-token recurrence in fp64.
 """
 
+import copy
 import itertools
 
 import pytest
@@ -52,6 +53,17 @@ def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, draft
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
 
+@pytest.mark.parametrize("sequence", sorted(SEQUENCES))
+@pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph"])
+def test_fused_projections_on_the_graphed_hybrid_are_greedy(setup, sequence, drafter_kind):
+    """``fuse_projections=True`` (each layer's same-input projections as one GEMM) on the default fast
+    path, on a copy of the model: fusing turns its weights into views of one tensor a group."""
+    model = copy.deepcopy(setup[0])
+    target = StaticHybridTarget(model, max_length=512, fuse_projections=True)
+    assert target.fused_projections == 2 * model.config.num_hidden_layers
+    _check_sequence((model, *setup[1:]), target, drafter_kind, SEQUENCES[sequence])
+
+
 @pytest.mark.parametrize("attention", ["dense", "flex"])
 def test_the_tree_block_mask_on_the_graphed_hybrid_is_greedy(setup, attention):
     """``mask=tree`` (the bool ``[n, n]`` block alone) on the default hybrid fast path."""
@@ -93,9 +105,13 @@ def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, 
         torch.testing.assert_close(updates, result.updates, atol=2e-4, rtol=2e-4)
     # tf32 dots, as bf16 models run them, in the form ``rule_options`` picks for n: stated tolerance
     # 2e-2 (the kernel bench's relative error is 1.1e-3 to 1.6e-3 at Qwen3.6-27B's geometry).
+    # Its updates written into a given tensor (the fast path's stash), as the default path writes them.
+    stash = torch.full((n, h, dv), float("nan"), device="cuda")
     out, updates = tree_delta_rule(qn, kn, cuda[2], gamma.float(), cuda[4], s0.float().cuda(), anc, precision="tf32",
-                                   **rule_options(n, "tf32"))
+                                   updates=stash, **rule_options(n, "tf32"))
+    assert updates is stash
     torch.testing.assert_close(out.double().cpu(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(updates, result.updates, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -103,7 +119,7 @@ def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, 
 def test_the_triton_tree_conv_equals_the_torch_tree_conv(n, dtype):
     """``tree_conv`` compiled on the GPU against ``tree_causal_conv1d`` on a random forest over Qwen3.6-27B's
     10240 conv channels: float32 against the float64 math within 1e-5; bf16 against the eager bf16 math
-    (the same two roundings) within one bf16 rounding."""
+    (the same two roundings) within one bf16 rounding; with ``copy``, x itself lands there bit for bit."""
     gen = torch.Generator().manual_seed(n)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
     if n > 7:
@@ -113,6 +129,9 @@ def test_the_triton_tree_conv_equals_the_torch_tree_conv(n, dtype):
     x, window, weight, bias = r(n, c), r(c, k), (0.5 * r(c, k)).to(dtype), r(c)
     taps = conv_taps(parents.cuda(), k)
     got = tree_conv(x, window, weight, bias, taps)
+    copy = torch.full_like(x, float("nan"))  # the stash form: the same kernel also writes x itself
+    torch.testing.assert_close(tree_conv(x, window, weight, bias, taps, copy=copy), got, atol=0, rtol=0)
+    torch.testing.assert_close(copy, x, atol=0, rtol=0)
     if dtype == torch.float32:
         want = tree_causal_conv1d(x.double(), None, window.double(), weight.double(), bias.double(), taps)
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
