@@ -17,6 +17,7 @@ around it). Another model of the same family, in no context, keeps the stock rot
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import logging
@@ -104,15 +105,29 @@ DFLASH_ROPE = ("apply_rope", ("forward", "keys_values"))
 
 
 _COMPILED: dict[Callable, Callable] = {}
+BACKEND = "inductor"  # torch.compile's backend for ``compiled`` (the unit tests use "eager")
+# Compiled variants one function may hold. One norm serves the input norms ([1, n, D]) and the q and k
+# norms of every layer, whose inputs are views with their own strides (a chunk of q_proj's output,
+# columns of a fused q/k/v GEMM), each once for one row and once for many; a process holding a fused
+# and a plain model, or an MTP head beside its target, goes past torch's default of 8.
+RECOMPILE_LIMIT = 64
 
 
 def compiled(fn: Callable) -> Callable:
-    """``torch.compile(fn, dynamic=True, fullgraph=True)``, one per function (compiled on first call).
+    """``torch.compile(fn, dynamic=True, fullgraph=True)``, one per function (compiled on first call),
+    allowed ``RECOMPILE_LIMIT`` variants (input layouts and the one-row case each compile once).
 
     Run it once before a CUDA graph capture: compiling inside a capture fails.
     """
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+        inner = torch.compile(fn, dynamic=True, fullgraph=True, backend=BACKEND)
+        name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+        def call(*args, **kwargs):
+            with torch._dynamo.config.patch(**{name: RECOMPILE_LIMIT}):
+                return inner(*args, **kwargs)
+
+        _COMPILED[fn] = functools.wraps(fn)(call)
     return _COMPILED[fn]
 
 

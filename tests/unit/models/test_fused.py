@@ -404,3 +404,22 @@ def test_static_target_fuses_each_mlp_s_gate_and_up_when_asked():
     assert not any("forward" in vars(getattr(attention, n)) for n in fused.QKV)  # restored
     assert calls.count(fused.QKV) == model.config.num_hidden_layers  # one GEMM a layer, not three
     torch.testing.assert_close(got, model(ids[None]).logits)  # outside the context: three GEMMs on the views
+
+
+def test_a_compiled_function_serves_more_layouts_than_torchs_default_recompile_limit(monkeypatch):
+    """One norm meets many input layouts (input norms, q and k norms as views of q_proj's or a fused
+    q/k/v GEMM's output, one row or many): ``compiled`` lets it compile past torch's default of 8
+    variants instead of failing (``fullgraph=True`` turns the limit into an error)."""
+    monkeypatch.setattr(fused, "BACKEND", "eager")  # dynamo's guards and recompiles, without Inductor
+    monkeypatch.setattr(fused, "_COMPILED", {})
+
+    def offset_norm(hidden, weight, eps):  # a fresh code object: no variants from other tests
+        return fused.rms_norm_offset(hidden, weight, eps)
+
+    d, w = 16, torch.ones(16)
+    # Ranks 2 to 6, one row and five: ten variants (layouts of one rank can share one; ranks cannot).
+    layouts = [torch.randn(n, *(2,) * (rank - 2), d) for rank in range(2, 7) for n in (1, 5)]
+    fn = compiled(offset_norm)
+    for x in layouts:
+        torch.testing.assert_close(fn(x, w, 1e-6), fused.rms_norm_offset(x, w, 1e-6))
+    assert len(layouts) > 8
