@@ -107,9 +107,10 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
             hidden = torch.randn(args.mtp_steps + 1, head.hidden_size, device=device, dtype=param.dtype)
             tokens = prompt[-(args.mtp_steps + 1):].tolist()
             length = prompt.numel()
-            runs = {}
+            runs, attention = {}, "auto"  # as MTPDrafter decides; the op-by-op run takes the graphed run's choice
             for graphs in dict.fromkeys((gpu, False)):  # graphed and op by op; once off a GPU
-                chain = StaticChain(head, target, args.mtp_steps, max_length, graphs=graphs)
+                chain = StaticChain(head, target, args.mtp_steps, max_length, graphs=graphs, attention=attention)
+                attention = chain.attention
                 runs[graphs] = lambda chain=chain: chain.draft(hidden, tokens, length)
         ms = []
         for _ in range(args.reps + 3):

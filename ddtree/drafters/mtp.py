@@ -58,6 +58,9 @@ class MTPDrafter:
     of ``max_length`` rows, replayed from a CUDA graph when the head is on a GPU; elsewhere the
     same static code runs op by op (as ``DFlashDrafter`` falls back). "auto" is True on a GPU
     for a head whose layer a graph can replay (no mixture of experts), False otherwise.
+    ``attention`` and ``flex_threshold``: how the static chain reads its cache (``StaticChain``:
+    "auto" reads only the live rows through FlexAttention when graphed over more than
+    ``flex_threshold`` rows).
 
     >>> drafter = MTPDrafter(MTPHead.from_pretrained(path), target, steps=3)      # doctest: +SKIP
     >>> SpeculativeEngine(target, drafter, ChainTreeBuilder(), ...).generate(ids)  # doctest: +SKIP
@@ -66,7 +69,8 @@ class MTPDrafter:
     hidden_layers: tuple[int, ...] = (FINAL_NORM,)
 
     def __init__(self, head: MTPHead, target, steps: int = 3, top_k: int | None = None,
-                 max_length: int | None = None, cuda_graphs: bool | str = False) -> None:
+                 max_length: int | None = None, cuda_graphs: bool | str = False, attention: str = "auto",
+                 flex_threshold: int = 4096) -> None:
         if not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be a non-negative integer (0 drafts nothing, as AR), got {steps!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
@@ -80,9 +84,10 @@ class MTPDrafter:
         self._hidden = torch.empty(0, head.hidden_size, device=self.device, dtype=self.dtype)  # [P, H] queued
         self._tokens: list[int] = []  # [P] the token after each queued hidden
         self._last: Tensor | None = None  # [H] hidden of the last committed token, awaiting its next token
-        self._chain = self._static_chain(cuda_graphs, max_length)
+        self._chain = self._static_chain(cuda_graphs, max_length, attention, flex_threshold)
 
-    def _static_chain(self, cuda_graphs: bool | str, max_length: int | None) -> StaticChain | None:
+    def _static_chain(self, cuda_graphs: bool | str, max_length: int | None, attention: str = "auto",
+                      flex_threshold: int = 4096) -> StaticChain | None:
         """The static cache and graph of the fast path, or None for the eager drafter."""
         if cuda_graphs not in (True, False, "auto"):
             raise ValueError(f"cuda_graphs must be true, false or auto, got {cuda_graphs!r}")
@@ -94,7 +99,8 @@ class MTPDrafter:
         if on_gpu and problem is not None:
             raise ValueError(f"{problem}; pass cuda_graphs=False (or auto)")
         length = int(max_length or min(self.target.max_length, 16384))
-        return StaticChain(self.head, self.target, self.steps, length, graphs=on_gpu)
+        return StaticChain(self.head, self.target, self.steps, length, graphs=on_gpu, attention=attention,
+                           flex_threshold=flex_threshold)
 
     def _graph_problem(self) -> str | None:
         """Why a CUDA graph cannot replay this head's draft, or None."""

@@ -11,17 +11,28 @@ Attention reads the whole static cache with a mask that hides every row past the
 position; the mask is folded (``groups`` copies of its rows), so the query heads that share a
 K/V head attend as one and the cache is never expanded to the query heads. Padding rows and chained steps write K/V past the committed length: the mask hides
 them, and the next round writes its own rows there before any query can see them.
+
+Such a dense mask is as wide as the cache whatever the context: with ``attention="flex"``
+(``"auto"``: graphed, over a cache of more than ``flex_threshold`` rows, as the DFlash drafter
+decides) each forward reads only the live rows instead, through a ``FlexLayout`` per forward of the
+chain (block-sparse FlexAttention, or the prefix/block split of ``ddtree.models.split_attention``
+where it runs), whose P the graph rewrites from the committed length on the device.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
+from ddtree.models import flex_attention
+from ddtree.models.flex_attention import ATTENTIONS, FlexLayout
 from ddtree.models.mtp import MTPHead, causal_mask
 from ddtree.models.static_kv import StaticKV
+
+log = logging.getLogger(__name__)
 
 
 class StaticChain:
@@ -31,15 +42,22 @@ class StaticChain:
     ``length`` committed pairs; the caller keeps the count. Without ``graphs`` the same code runs
     op by op (on the CPU too), which is what makes the graph's logic testable there.
 
+    ``attention``: "dense" (the folded mask over the whole cache), "flex" (a ``FlexLayout`` per
+    forward: only the live rows are read) or "auto" (flex when graphed over more than
+    ``flex_threshold`` rows and FlexAttention compiles here).
+
     >>> chain = StaticChain(head, target, steps=3, max_length=4096, graphs=True)   # doctest: +SKIP
     >>> chain.draft(hidden, [root], length=41)   # [3, vocab] float32 log-probs     # doctest: +SKIP
     """
 
     absorb_chunk = 1024  # pairs a prompt is absorbed in at a time (each chunk's mask: [c, rows before + c])
 
-    def __init__(self, head: MTPHead, target, steps: int, max_length: int, graphs: bool) -> None:
+    def __init__(self, head: MTPHead, target, steps: int, max_length: int, graphs: bool, attention: str = "dense",
+                 flex_threshold: int = 4096) -> None:
         if steps < 1:
             raise ValueError(f"a chain drafts at least one step, got steps={steps}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         param = next(head.parameters())
         if graphs and param.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the MTP head on a CUDA device; it is on {param.device}")
@@ -57,6 +75,36 @@ class StaticChain:
         self._offsets = torch.arange(self.rows, device=self.device)  # [R]
         self._cols = torch.arange(max_length, device=self.device)  # [max_length]
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor] | None = None
+        split = attention == "auto"  # auto: the prefix through a flash kernel where it runs (split_attention)
+        if attention == "auto":
+            attention = "flex" if graphs and max_length > flex_threshold and self._flex_compiles() else "dense"
+        # One layout per forward of the chain: step 1's rows see the prefix and the block causally,
+        # each chained step (one query at its own row) the prefix up to that row.
+        self.layouts: list[FlexLayout] | None = None
+        if attention == "flex":
+            self.layouts = [FlexLayout(self.rows, max_length, self.device, split=split)]
+            self.layouts += [FlexLayout(1, max_length, self.device, split=split) for _ in range(steps - 1)]
+            self.layouts[0].visible.copy_(torch.ones(self.rows, self.rows, dtype=torch.bool).tril())
+            for layout in self.layouts[1:]:
+                layout.visible.fill_(True)
+
+    @property
+    def attention(self) -> str:
+        """"flex" where forwards read the live rows through ``FlexLayout``s, else "dense"."""
+        return "dense" if self.layouts is None else "flex"
+
+    def _flex_compiles(self) -> bool:
+        if self.device.type != "cuda":
+            return False
+        from ddtree.models.fused import COMPILER_ERRORS
+
+        try:
+            flex_attention.probe(self.dtype, self.device)
+        except COMPILER_ERRORS as err:
+            log.warning("FlexAttention does not compile here (%s: %s); the MTP drafter keeps its dense mask",
+                        type(err).__name__, (str(err).splitlines() or [""])[0])
+            return False
+        return True
 
     def _embed(self, tokens: Tensor) -> Tensor:  # [n] -> [n, H]
         return self.target.embed(tokens).to(self.device, self.dtype)
@@ -107,24 +155,29 @@ class StaticChain:
     def _run(self) -> Tensor:
         """The whole draft from the buffers: fixed shapes, no host sync. ``[steps, vocab]``."""
         positions = self.length + self._offsets  # [R] padding rows run on past the real ones
-        out = self._forward(self._embed(self.tokens), self.hidden, positions)  # [R, H]
+        out = self._forward(self._embed(self.tokens), self.hidden, positions, 0)  # [R, H]
         hidden = out.index_select(0, self.count - 1)  # [1, H] step 1: the output after the last real pair
         position = self.length + self.count - 1  # [1]
         rows = [self._log_probs(hidden)]
-        for _ in range(1, self.steps):
+        for step in range(1, self.steps):
             token = rows[-1].argmax(dim=-1)  # [1] the head's own top-1, fed to the next step
             position = position + 1
-            hidden = self._forward(self._embed(token), hidden, position)  # [1, H]
+            hidden = self._forward(self._embed(token), hidden, position, step)  # [1, H]
             rows.append(self._log_probs(hidden))
         return torch.cat(rows)
 
-    def _forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor) -> Tensor:
-        """The head over n pairs ``[n, H]`` at ``positions`` ``[n]``, over the whole cache. ``[n, H]``"""
+    def _forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, step: int) -> Tensor:
+        """The head over n pairs ``[n, H]`` at ``positions`` ``[n]`` (consecutive rows), forward ``step``
+        of the chain, over the whole cache. ``[n, H]``"""
+        kv = self.kv.at(positions, self.max_length)
+        if self.layouts is not None:  # P = the first query's row, rewritten on the device
+            layout = self.layouts[step]
+            layout.move(positions[0])
+            return self.head(embeds[None], hidden[None], positions[None], kv, attention_mask=layout.block_mask)[0]
         hidden_cols = self._cols[None] > positions[:, None]  # [n, max_length] rows past each query's position
         mask = torch.zeros(hidden_cols.shape, device=self.device, dtype=self.dtype)
         mask = mask.masked_fill(hidden_cols, torch.finfo(self.dtype).min).repeat(self.head.groups, 1)
         mask = mask[None, None]  # [1, 1, groups * n, max_length] folded
-        kv = self.kv.at(positions, self.max_length)
         return self.head(embeds[None], hidden[None], positions[None], kv, attention_mask=mask)[0]
 
     def _record(self) -> tuple[torch.cuda.CUDAGraph, Tensor]:

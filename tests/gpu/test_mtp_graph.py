@@ -6,7 +6,8 @@ The head is fitted to the target first (``fit_to_target``), so several drafts ar
 round and step 1 of the graph reads a varying number of real pairs. One graphed drafter serves
 prompts of several lengths in turn (its buffers and graph reused); on the Qwen3 target, one
 ``StaticTarget`` serves every engine, and the longest prompt crosses its 256-row mask-width bucket
-during generation. The drafter itself attends over its whole static cache: it has no buckets.
+during generation. The drafter itself attends over its whole static cache (it has no buckets), or
+with ``attention="flex"`` over the live rows through FlexAttention block tables.
 """
 
 import pytest
@@ -44,12 +45,17 @@ def setup(request):
     return request.param, model, target, head, prompts, refs
 
 
-@pytest.mark.parametrize("steps,tree,top_k", [(1, "chain", None), (2, "chain", None), (3, "chain", None), (3, 8, 2)],
-                         ids=["mtp1", "mtp2", "mtp3", "mtp3-tree8-top2"])
-def test_graphed_drafts_equal_eager_and_decode_greedy(setup, steps, tree, top_k):
+@pytest.mark.parametrize("steps,tree,top_k,attention", [(1, "chain", None, "auto"), (2, "chain", None, "auto"),
+                                                       (3, "chain", None, "auto"), (3, 8, 2, "auto"),
+                                                       (1, "chain", None, "flex"), (3, "chain", None, "flex")],
+                         ids=["mtp1", "mtp2", "mtp3", "mtp3-tree8-top2", "mtp1-flex", "mtp3-flex"])
+def test_graphed_drafts_equal_eager_and_decode_greedy(setup, steps, tree, top_k, attention):
+    """``attention="auto"`` keeps the dense mask over this 512-row cache; "flex" reads the live rows
+    through one ``FlexLayout`` per forward of the chain, P rewritten inside the graph."""
     family, model, target, head, prompts, refs = setup
-    graphed = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=MAX_LENGTH, cuda_graphs=True)
-    assert graphed.cuda_graphs
+    graphed = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=MAX_LENGTH, cuda_graphs=True,
+                         attention=attention)
+    assert graphed.cuda_graphs and graphed._chain.attention == ("flex" if attention == "flex" else "dense")
     twin = LockstepDrafter(graphed, MTPDrafter(head, target, steps=steps, top_k=top_k))
     builder = ChainTreeBuilder() if tree == "chain" else BestFirstTreeBuilder(tree)
     engine = SpeculativeEngine(target, twin, builder, DenseMaskCompiler(), GreedyVerifier())

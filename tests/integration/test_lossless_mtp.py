@@ -151,15 +151,17 @@ def test_cache_equals_one_built_from_the_committed_sequence(fitted, strategy):
     torch.testing.assert_close(drafter._last, taps[-1], atol=2e-5, rtol=1e-4)  # h of the last token waits
 
 
-@pytest.mark.parametrize("strategy", ["mtp1", "mtp2", "mtp3", "mtp-tree16-top2"])
-def test_static_cache_drafts_equal_eager_and_decode_greedy(fitted, strategy):
+@pytest.mark.parametrize("strategy,attention", [("mtp1", "dense"), ("mtp2", "dense"), ("mtp3", "dense"),
+                                                ("mtp-tree16-top2", "dense"), ("mtp1", "flex"), ("mtp3", "flex")])
+def test_static_cache_drafts_equal_eager_and_decode_greedy(fitted, strategy, attention):
     """The fast path's static cache, op by op on the CPU (the code a CUDA graph replays, without
     the graph): every draft equals the eager drafter's, round by round, over prompts of several
-    lengths on one engine (buffers reused), and the tokens are the target's greedy ones."""
+    lengths on one engine (buffers reused), and the tokens are the target's greedy ones. With
+    ``attention="flex"`` each forward of the chain reads the live rows through its ``FlexLayout``."""
     family, model, target, head = fitted
     steps, tree, top_k = STRATEGIES[strategy]
-    static = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=96, cuda_graphs=True)
-    assert static._chain is not None and not static.cuda_graphs
+    static = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=96, cuda_graphs=True, attention=attention)
+    assert static._chain is not None and not static.cuda_graphs and static._chain.attention == attention
     twin = LockstepDrafter(static, MTPDrafter(head, target, steps=steps, top_k=top_k))
     engine = SpeculativeEngine(target, twin, tree, DenseMaskCompiler(), GreedyVerifier())
     taus, rounds = [], 0
@@ -197,6 +199,10 @@ def test_cuda_graphs_setting():
     assert MTPDrafter(head, target, steps=0, cuda_graphs=True)._chain is None  # nothing to draft
     with pytest.raises(ValueError, match="cuda_graphs must be"):
         MTPDrafter(head, target, cuda_graphs="yes")
+    with pytest.raises(ValueError, match="attention='sparse': choose one of"):
+        MTPDrafter(head, target, cuda_graphs=True, attention="sparse")
+    # auto: the dense mask off the GPU (FlexAttention only where graphed over a long cache)
+    assert MTPDrafter(head, target, steps=3, max_length=8192, cuda_graphs=True)._chain.attention == "dense"
     drafter = MTPDrafter(head, target, steps=3, max_length=8, cuda_graphs=True)
     target.set_taps(drafter.hidden_layers)
     drafter.reset(target.prefill(_prompt(6, 0)))  # 5 pairs and the root's: 2 absorbed, then 4 + 3 rows from row 2
