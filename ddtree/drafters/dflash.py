@@ -120,13 +120,8 @@ class DFlashDrafter:
         once on CUDA; None, with a warning, where FlexAttention does not compile. With ``split`` the
         context goes through a flash kernel and the block through tensor math, merged by their
         log-sum-exps, where those run (``ddtree.models.split_attention``)."""
-        if self.device.type == "cuda":
-            try:
-                flex_attention.probe(self.dtype, self.device)
-            except COMPILER_ERRORS as err:
-                log.warning("FlexAttention does not compile here (%s: %s); the DFlash drafter keeps its dense mask",
-                            type(err).__name__, (str(err).splitlines() or [""])[0])
-                return None
+        if not flex_attention.compiles(self.dtype, self.device, "the DFlash drafter keeps its dense mask"):
+            return None
         layout = FlexLayout(self.block_size, self.max_length, self.device, split=split)
         layout.visible.fill_(True)
         return layout

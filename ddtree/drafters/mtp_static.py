@@ -21,7 +21,6 @@ where it runs), whose P the graph rewrites from the committed length on the devi
 
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import torch
@@ -31,8 +30,6 @@ from ddtree.models import flex_attention
 from ddtree.models.flex_attention import ATTENTIONS, FlexLayout
 from ddtree.models.mtp import MTPHead, causal_mask
 from ddtree.models.static_kv import StaticKV
-
-log = logging.getLogger(__name__)
 
 
 class StaticChain:
@@ -77,7 +74,8 @@ class StaticChain:
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor] | None = None
         split = attention == "auto"  # auto: the prefix through a flash kernel where it runs (split_attention)
         if attention == "auto":
-            attention = "flex" if graphs and max_length > flex_threshold and self._flex_compiles() else "dense"
+            attention = "flex" if graphs and max_length > flex_threshold and flex_attention.compiles(
+                self.dtype, self.device, "the MTP drafter keeps its dense mask") else "dense"
         # One layout per forward of the chain: step 1's rows see the prefix and the block causally,
         # each chained step (one query at its own row) the prefix up to that row.
         self.layouts: list[FlexLayout] | None = None
@@ -93,18 +91,6 @@ class StaticChain:
         """"flex" where forwards read the live rows through ``FlexLayout``s, else "dense"."""
         return "dense" if self.layouts is None else "flex"
 
-    def _flex_compiles(self) -> bool:
-        if self.device.type != "cuda":
-            return False
-        from ddtree.models.fused import COMPILER_ERRORS
-
-        try:
-            flex_attention.probe(self.dtype, self.device)
-        except COMPILER_ERRORS as err:
-            log.warning("FlexAttention does not compile here (%s: %s); the MTP drafter keeps its dense mask",
-                        type(err).__name__, (str(err).splitlines() or [""])[0])
-            return False
-        return True
 
     def _embed(self, tokens: Tensor) -> Tensor:  # [n] -> [n, H]
         return self.target.embed(tokens).to(self.device, self.dtype)

@@ -228,6 +228,27 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     split_attention.probe(dtype, device)  # the split's flash kernel and merge: on where they run
 
 
+def compiles(dtype: torch.dtype, device: torch.device, instead: str) -> bool:
+    """Whether FlexAttention (and the split's kernels) compile on ``device``: always on a CPU (the eager
+    reference runs there), else ``probe``; where it fails, a warning names the error and what the
+    caller does ``instead``.
+
+    >>> compiles(torch.float32, torch.device("cpu"), "keeps its dense mask")
+    True
+    """
+    if device.type != "cuda":
+        return True
+    from ddtree.models.fused import COMPILER_ERRORS
+
+    try:
+        probe(dtype, device)
+    except COMPILER_ERRORS as err:
+        log.warning("FlexAttention does not compile here (%s: %s); %s", type(err).__name__,
+                    (str(err).splitlines() or [""])[0], instead)
+        return False
+    return True
+
+
 class FlexChoice:
     """Which attention a static target's verify runs: mixed into ``StaticTarget`` and
     ``StaticHybridTarget``, which set ``attention``, ``flex_threshold``, ``max_length``, ``dtype``
