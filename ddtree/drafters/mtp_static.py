@@ -91,7 +91,6 @@ class StaticChain:
         """"flex" where forwards read the live rows through ``FlexLayout``s, else "dense"."""
         return "dense" if self.layouts is None else "flex"
 
-
     def _embed(self, tokens: Tensor) -> Tensor:  # [n] -> [n, H]
         return self.target.embed(tokens).to(self.device, self.dtype)
 
