@@ -35,6 +35,13 @@ def test_kernel_matches_the_torch_tree_delta_rule(interpreted, n, r, block, valu
         block=block, value_block=value_block, split=split)
     torch.testing.assert_close(got_out.double(), out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_updates.double(), updates, atol=1e-5, rtol=1e-5)
+    # The updates written into a given tensor (the hybrid fast path's commit stash): the same values.
+    stash = torch.full((n, h, dv), float("nan"))
+    _, into = gdn_tree_triton.tree_delta_rule(
+        (l2norm(q) * dk**-0.5).float(), keys.float(), v.float(), gamma.float(), beta.float(), s0.float(), anc,
+        block=block, value_block=value_block, split=split, updates=stash)
+    assert into is stash
+    torch.testing.assert_close(stash, got_updates, atol=0, rtol=0)
 
 
 def test_bad_blocks_and_precision_are_refused():
@@ -45,6 +52,13 @@ def test_bad_blocks_and_precision_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
                                         torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool), block=24)
+    with pytest.raises(ValueError, match="updates must be a contiguous"):
+        gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
+                                        torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool),
+                                        updates=torch.zeros(2, 1, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="copy must be a contiguous"):
+        gdn_tree_triton.tree_conv(torch.zeros(2, 8), torch.zeros(8, 4), torch.zeros(8, 4), None,
+                                  torch.zeros(2, 4, dtype=torch.long), copy=torch.zeros(8, 2).t())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -68,3 +82,7 @@ def test_tree_conv_kernel_matches_the_torch_tree_conv(interpreted, n, channels, 
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=1.6e-2)
     torch.testing.assert_close(got, want, **tol)
+    copy = torch.full((n, channels), float("nan"), dtype=dtype)  # the stash form: x itself, bit for bit
+    torch.testing.assert_close(gdn_tree_triton.tree_conv(x, window, weight, b, taps, block_nodes=16,
+                                                         block_channels=32, copy=copy), got, atol=0, rtol=0)
+    torch.testing.assert_close(copy, x, atol=0, rtol=0)
