@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ddtree.models import split_attention as sa
+from ddtree.models.fused import recompile_limit
 
 SHAPES = [((24, 4, 256), 65), ((24, 4, 256), 257), ((4, 2, 16), 257), ((32, 8, 128), 257), ((24, 4, 256), 16)]
 
@@ -42,7 +43,7 @@ def diagnose(q_heads: int, kv_heads: int, d: int, n: int, pasts, length: int, de
             for name, kwargs in (("flash+plain", dict(merge=sa.block_and_merge)), ("ref+compiled", dict(prefix=sa.prefix_reference)),
                                  ("flash+compiled", {})):
                 try:
-                    with torch._dynamo.config.patch(recompile_limit=sa.RECOMPILE_LIMIT):
+                    with recompile_limit():
                         got = sa.split_attend(q, k, v, p, own, visible, segments=segments, **kwargs)
                     row[name] = (got.float() - want.float()).abs().max().item()
                 except Exception as err:

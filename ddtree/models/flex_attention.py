@@ -27,11 +27,11 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ddtree.models import split_attention
+from ddtree.models.fused import recompile_limit
 
 log = logging.getLogger(__name__)
 ATTENTIONS = ("auto", "dense", "flex")
 KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
-RECOMPILE_LIMIT = split_attention.RECOMPILE_LIMIT  # every verify size is one compiled kernel
 # The most outputs a decoding tile holds (BLOCK_M x head dim, float32, over two warps) without spilling.
 DECODE_TILE_OUTPUTS = 64 * 128
 # The decoding kernel's split over keys: buffer rows per split at most, and the most bytes of
@@ -193,7 +193,7 @@ def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, sca
     if layout is not None and layout.split and split_attention.splits(query, key):
         segments = split_attention.segments_for(query.shape[2], groups, key.shape[1], key.shape[2],
                                                 props.multi_processor_count)
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with recompile_limit():  # every verify size is one compiled kernel
             chosen = split_attention.serves(query, key, segments)
             if chosen is not None:
                 bounds = layout.bounds(segments, groups * query.shape[2])
@@ -202,7 +202,7 @@ def attend(query: Tensor, key: Tensor, value: Tensor, block_mask: BlockMask, sca
                                                     bounds=bounds)
     options = kernel_options(query.shape[2], groups, query.dtype, (props.major, props.minor), head_dim=query.shape[-1],
                              kv_length=key.shape[2], kv_heads=key.shape[1], sms=props.multi_processor_count)
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+    with recompile_limit():  # every verify size is one compiled kernel
         return _compiled()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa,
                            kernel_options=options)
 

@@ -106,31 +106,40 @@ DFLASH_ROPE = ("apply_rope", ("forward", "keys_values"))
 
 _COMPILED: dict[Callable, Callable] = {}
 BACKEND = "inductor"  # torch.compile's backend for ``compiled`` (the unit tests use "eager")
-# Compiled variants one function may hold. One norm serves the input norms ([1, n, D]) and the q and k
-# norms of every layer, whose inputs are views with their own strides (a chunk of q_proj's output,
-# columns of a fused q/k/v GEMM), each once for one row and once for many; a process holding a fused
-# and a plain model, or an MTP head beside its target, goes past torch's default of 8.
+# Compiled variants one function may hold (Dynamo's default is 8; past it a ``fullgraph`` function
+# raises). Every verify size a target serves is one kernel of FlexAttention and of the split
+# attention's merge; one norm serves the input norms ([1, n, D]) and the q and k norms of every layer,
+# whose inputs are views with their own strides (a chunk of q_proj's output, columns of a fused q/k/v
+# GEMM), each once for one row and once for many.
 RECOMPILE_LIMIT = 64
+_LIMIT_NAME = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+
+@contextlib.contextmanager
+def recompile_limit() -> Iterator[None]:
+    """Within the block Dynamo allows at least ``RECOMPILE_LIMIT`` variants a function. Set and restored
+    directly: ``torch._dynamo.config.patch`` cost about 38 us a call on a 2-core CPU, this about 6."""
+    config = torch._dynamo.config
+    before = getattr(config, _LIMIT_NAME)
+    setattr(config, _LIMIT_NAME, max(before, RECOMPILE_LIMIT))
+    try:
+        yield
+    finally:
+        setattr(config, _LIMIT_NAME, before)
 
 
 def compiled(fn: Callable) -> Callable:
     """``torch.compile(fn, dynamic=True, fullgraph=True)``, one per function (compiled on first call),
-    allowed ``RECOMPILE_LIMIT`` variants (input layouts and the one-row case each compile once).
+    called under ``recompile_limit``.
 
     Run it once before a CUDA graph capture: compiling inside a capture fails.
     """
     if fn not in _COMPILED:
         inner = torch.compile(fn, dynamic=True, fullgraph=True, backend=BACKEND)
-        config = torch._dynamo.config
-        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
 
-        def call(*args, **kwargs):  # the limit set and restored directly: config.patch costs 5x more a call
-            before = getattr(config, name)
-            setattr(config, name, max(before, RECOMPILE_LIMIT))
-            try:
+        def call(*args, **kwargs):
+            with recompile_limit():
                 return inner(*args, **kwargs)
-            finally:
-                setattr(config, name, before)
 
         _COMPILED[fn] = functools.wraps(fn)(call)
     return _COMPILED[fn]

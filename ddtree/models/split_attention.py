@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ddtree.models.fused import recompile_limit
 # Whether a Triton kernel can run on a device (Triton installed, a CUDA GPU): the one check the GDN
 # kernels use too. The tests run ``triton_merge`` on the CPU through Triton's interpreter.
 from ddtree.models.gdn_tree_triton import available as triton_available
@@ -50,9 +51,6 @@ SPLIT_MAX_QUERIES = 512  # longer query blocks (prefill chunks) keep FlexAttenti
 SPLIT_MIN_QUERIES = 2
 SEGMENT_MIN_ROWS = 512  # a segment of the prefix spans at least this many buffer rows
 M_BLOCK = 128  # query rows per flash program (sizing the split)
-# Every verify size a target serves is one compiled kernel, here and in FlexAttention (Dynamo's default
-# allows 8 per function; past it a ``fullgraph`` function raises).
-RECOMPILE_LIMIT = 64
 # From this many queries the Triton merge is tried before the compiled one: one H100, graphed, one layer
 # over a 132K-row buffer, the flash prefix with either merge (experiments/prefix_tiles_bench.py,
 # docs/results/prefix_tiles_merge_h100.json, us, Triton / compiled): Qwen3.6-27B heads at 8K, 16 queries
@@ -414,7 +412,7 @@ def serves(query: Tensor, key: Tensor, segments: int) -> tuple[Callable, Callabl
         reasons, chosen, name = [], None, ""
         for name, prefix, merge in _candidates(n, query.device, d):
             try:
-                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                with recompile_limit():
                     error = _disagreement(n, q_heads, kv_heads, d, query.dtype, query.device, segments,
                                           (0, 1, 777, length - n), length, merge=merge, prefix=prefix)
             except Exception as err:  # a kernel that refuses the shape, a merge that does not compile
