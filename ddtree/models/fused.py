@@ -312,10 +312,10 @@ def _contents(cell: types.CellType) -> Any:
 # Linear layers of one module that read the same input: an MLP's gate and up, a Qwen3.5/3.6 GDN
 # layer's four input projections, an attention layer's q, k and v. ``fuse_projections`` stores each
 # group in one weight.
-PROJECTION_GROUPS: tuple[tuple[str, ...], ...] = (("gate_proj", "up_proj"),
-                                                  ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
-                                                  ("q_proj", "k_proj", "v_proj"))
-QKV = PROJECTION_GROUPS[2]
+GATE_UP = ("gate_proj", "up_proj")
+GDN_INPUTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+QKV = ("q_proj", "k_proj", "v_proj")
+PROJECTION_GROUPS: tuple[tuple[str, ...], ...] = (GATE_UP, GDN_INPUTS, QKV)
 _FUSED = "_ddtree_fused_projections"  # module attribute: {names: (weight, sizes, each linear's weight address)}
 
 
@@ -409,7 +409,7 @@ def _other_norm_forward(module: nn.Module, fn: Callable, gated: bool) -> Callabl
 
 def _mlp_forward(module: nn.Module, fn: Callable) -> Callable:
     def forward(x: Tensor) -> Tensor:
-        return module.down_proj(fn(*project(module, ("gate_proj", "up_proj"), x)))
+        return module.down_proj(fn(*project(module, GATE_UP, x)))
     return forward
 
 

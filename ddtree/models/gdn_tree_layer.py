@@ -123,7 +123,7 @@ def gdn_tree_forward(
         window, initial = state.conv_window, state.recurrent_state
 
     # One GEMM where ``fused.fuse_projections`` stored the four together (column views of its output).
-    x, z, b, a = fused.project(module, ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), hidden_states)
+    x, z, b, a = fused.project(module, fused.GDN_INPUTS, hidden_states)
     x = x[0]  # [n, C]
     z = z[0].reshape(n, h, dv)
     beta = b[0].sigmoid()  # [n, H]
@@ -203,12 +203,12 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits).
     ``conv_copy`` [n, C] receives x and ``updates_out`` [n, H, dv] the updates, written by the kernels
     themselves (the fast path's commit stash, without a copy per layer)."""
-    if conv_copy is not None and not TRITON_CONV:
-        conv_copy.copy_(x)
     if TRITON_CONV:
         mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps, copy=conv_copy)
         q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk)
     else:
+        if conv_copy is not None:
+            conv_copy.copy_(x)
         q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
                                                                anc, key_dim, value_dim, dk)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"

@@ -101,7 +101,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     ``fuse_projections=True`` stores each GDN layer's four input projections, each MLP's gate and up and
     each attention layer's q, k and v in one tensor a group (``fused.fuse_projections``: the parameters
     become views of it); a tree verify then runs each group as one GEMM (the MLP's and the attention's
-    with ``fuse``). Off by default until timed in whole rounds.
+    with ``fuse``). Off by default until the GPU suite passes with it (README).
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,

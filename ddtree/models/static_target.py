@@ -78,7 +78,7 @@ class StaticTarget(FlexChoice, HFTarget):
 
     ``fuse_projections=True`` stores each MLP's gate and up weights, and each attention layer's q, k and
     v, in one tensor a group (``fused.fuse_projections``: the parameters become views of it) and, with
-    ``fuse``, runs each group as one GEMM. Off by default until timed in whole rounds.
+    ``fuse``, runs each group as one GEMM. Off by default until the GPU suite passes with it (README).
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
