@@ -14,7 +14,6 @@ rows and block-sparse FlexAttention reads only the live blocks (``ddtree.models.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Callable
 
 import torch
@@ -24,10 +23,7 @@ from ddtree.interfaces import Target
 from ddtree.models import flex_attention, fused
 from ddtree.models.dflash import DFlashDraftModel
 from ddtree.models.flex_attention import FlexLayout
-from ddtree.models.fused import COMPILER_ERRORS
 from ddtree.types import Draft, TargetOutput, Verification
-
-log = logging.getLogger(__name__)
 
 
 def check_pair(model: DFlashDraftModel, target: Target) -> None:
@@ -120,7 +116,8 @@ class DFlashDrafter:
         once on CUDA; None, with a warning, where FlexAttention does not compile. With ``split`` the
         context goes through a flash kernel and the block through tensor math, merged by their
         log-sum-exps, where those run (``ddtree.models.split_attention``)."""
-        if not flex_attention.compiles(self.dtype, self.device, "the DFlash drafter keeps its dense mask"):
+        if self.device.type == "cuda" and not fused.compiles(flex_attention.probe, self.dtype, self.device,
+                                                             "the DFlash drafter keeps its dense mask"):
             return None
         layout = FlexLayout(self.block_size, self.max_length, self.device, split=split)
         layout.visible.fill_(True)
@@ -229,12 +226,8 @@ class DFlashDrafter:
         They are compiled once on tiny tensors first; where that fails the stock ops run, with a warning."""
         if self.fuse and not self._fuse_probed:
             self._fuse_probed = True
-            try:
-                fused.probe(self.dtype, self.device)
-            except COMPILER_ERRORS as err:
-                log.warning("torch.compile does not work here (%s: %s), so the DFlash drafter runs the stock norms "
-                            "and MLPs: the same drafts, slower", type(err).__name__, (str(err).splitlines() or [""])[0])
-                self.fuse = False
+            self.fuse = fused.compiles(fused.probe, self.dtype, self.device,
+                                       "the DFlash drafter runs the stock norms and MLPs: the same drafts, slower")
         return fused.fused_ops(self.model) if self.fuse else contextlib.nullcontext()
 
     def draft(self, root_token: int) -> Draft:

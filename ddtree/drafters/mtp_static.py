@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ddtree.models import flex_attention
+from ddtree.models import flex_attention, fused
 from ddtree.models.flex_attention import ATTENTIONS, FlexLayout
 from ddtree.models.mtp import MTPHead, causal_mask
 from ddtree.models.static_kv import StaticKV
@@ -74,8 +74,8 @@ class StaticChain:
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor] | None = None
         split = attention == "auto"  # auto: the prefix through a flash kernel where it runs (split_attention)
         if attention == "auto":
-            attention = "flex" if graphs and max_length > flex_threshold and flex_attention.compiles(
-                self.dtype, self.device, "the MTP drafter keeps its dense mask") else "dense"
+            attention = "flex" if graphs and max_length > flex_threshold and fused.compiles(
+                flex_attention.probe, self.dtype, self.device, "the MTP drafter keeps its dense mask") else "dense"
         # One layout per forward of the chain: step 1's rows see the prefix and the block causally,
         # each chained step (one query at its own row) the prefix up to that row.
         self.layouts: list[FlexLayout] | None = None

@@ -17,7 +17,6 @@ math, for tests.
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from typing import Callable
@@ -27,9 +26,8 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ddtree.models import split_attention
-from ddtree.models.fused import recompile_limit
+from ddtree.models.fused import compiles, recompile_limit
 
-log = logging.getLogger(__name__)
 ATTENTIONS = ("auto", "dense", "flex")
 KV_BLOCK = 128  # rows per sparse block (FlexAttention's default), along queries and keys
 # The most outputs a decoding tile holds (BLOCK_M x head dim, float32, over two warps) without spilling.
@@ -228,27 +226,6 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     split_attention.probe(dtype, device)  # the split's flash kernel and merge: on where they run
 
 
-def compiles(dtype: torch.dtype, device: torch.device, instead: str) -> bool:
-    """Whether FlexAttention (and the split's kernels) compile on ``device``: always on a CPU (the eager
-    reference runs there), else ``probe``; where it fails, a warning names the error and what the
-    caller does ``instead``.
-
-    >>> compiles(torch.float32, torch.device("cpu"), "keeps its dense mask")
-    True
-    """
-    if device.type != "cuda":
-        return True
-    from ddtree.models.fused import COMPILER_ERRORS
-
-    try:
-        probe(dtype, device)
-    except COMPILER_ERRORS as err:
-        log.warning("FlexAttention does not compile here (%s: %s); %s", type(err).__name__,
-                    (str(err).splitlines() or [""])[0], instead)
-        return False
-    return True
-
-
 class FlexChoice:
     """Which attention a static target's verify runs: mixed into ``StaticTarget`` and
     ``StaticHybridTarget``, which set ``attention``, ``flex_threshold``, ``max_length``, ``dtype``
@@ -283,15 +260,7 @@ class FlexChoice:
 
     def _compiles(self, check: Callable, instead: str) -> bool:
         """Whether ``check(dtype, device)`` compiles; if not, a warning says why and what the target does ``instead``."""
-        from ddtree.models.fused import COMPILER_ERRORS
-
-        try:
-            check(self.dtype, self.input_device)
-        except COMPILER_ERRORS as err:
-            log.warning("torch.compile does not work here (%s: %s), so %s %s", type(err).__name__,
-                        (str(err).splitlines() or [""])[0], type(self).__name__, instead)
-            return False
-        return True
+        return compiles(check, self.dtype, self.input_device, f"{type(self).__name__} {instead}")
 
     def _layout(self, n: int) -> FlexLayout:
         if n not in self._layouts:  # auto: the prefix/block split where it serves (split_attention)

@@ -151,6 +151,22 @@ def compiled(fn: Callable) -> Callable:
 COMPILER_ERRORS = (RuntimeError, ImportError, OSError)
 
 
+def compiles(check: Callable, dtype: torch.dtype, device: torch.device, instead: str) -> bool:
+    """Whether ``check(dtype, device)`` (a ``probe``) runs here. Where it raises one of
+    ``COMPILER_ERRORS``: False, and a warning naming the error and what the caller does ``instead``.
+
+    >>> compiles(lambda dtype, device: None, torch.float32, torch.device("cpu"), "unused")
+    True
+    """
+    try:
+        check(dtype, device)
+    except COMPILER_ERRORS as err:
+        log.warning("torch.compile does not work here (%s: %s), so %s", type(err).__name__,
+                    (str(err).splitlines() or [""])[0], instead)
+        return False
+    return True
+
+
 def probe(dtype: torch.dtype, device: torch.device) -> None:
     """Compile and run each fused function once on tiny tensors of ``dtype`` on ``device``.
 

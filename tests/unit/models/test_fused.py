@@ -423,3 +423,16 @@ def test_a_compiled_function_serves_more_layouts_than_torchs_default_recompile_l
     for x in layouts:
         torch.testing.assert_close(fn(x, w, 1e-6), fused.rms_norm_offset(x, w, 1e-6))
     assert len(layouts) > 8
+
+
+def test_compiles_warns_and_says_what_happens_instead_where_the_probe_fails(caplog):
+    """``fused.compiles``: True where the probe runs; where it raises a compiler error, False and a
+    warning naming the error and the caller's fallback (the drafters' and targets' one message)."""
+
+    def broken(dtype, device):
+        raise RuntimeError("no working compiler\nmore")
+
+    assert fused.compiles(lambda dtype, device: None, torch.float32, torch.device("cpu"), "unused")
+    with caplog.at_level("WARNING"):
+        assert not fused.compiles(broken, torch.bfloat16, torch.device("cpu"), "the MTP drafter keeps its dense mask")
+    assert "(RuntimeError: no working compiler), so the MTP drafter keeps its dense mask" in caplog.text
