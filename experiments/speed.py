@@ -317,16 +317,17 @@ def main(cfg: DictConfig) -> None:
         split_attention.TRITON_PREFIX = cfg.split_prefix == "triton"
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s; caches of {cfg.max_length} rows", flush=True)
+    fuse_projections = bool(cfg.get("fuse_projections", False))
     if is_hybrid(model):
         eager = HybridTarget(model)
         fast = StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
                                   flex_threshold=cfg.flex_threshold, triton=cfg.get("triton"),
-                                  fuse_projections=bool(cfg.get("fuse_projections", False)))
+                                  fuse_projections=fuse_projections)
         print(f"hybrid fast path kernels: {fast.kernels()}", flush=True)
     else:
         eager = HFTarget(model)
         fast = StaticTarget(model, max_length=cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
-                            flex_threshold=cfg.flex_threshold, fuse_projections=bool(cfg.get("fuse_projections", False)))
+                            flex_threshold=cfg.flex_threshold, fuse_projections=fuse_projections)
     mtp_head = _mtp_head(cfg, model)
     rows, checks, floors, prefill_ms = [], {}, {}, {}
     out = Path(cfg.out)
