@@ -252,7 +252,7 @@ def _target(cfg, model):
         return model
     from ddtree.models import target_for
 
-    return target_for(model, fast=cfg.fast, fuse_projections=bool(cfg.get("fuse_projections", False)))
+    return target_for(model, fast=cfg.fast, fuse_projections=cfg.get("fuse_projections"))
 
 
 def engine_from_config(cfg, target: Target, tokenizer=None, drafter: Drafter | None = None,

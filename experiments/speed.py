@@ -27,9 +27,10 @@ context, it exceeds the read floor.
 ``attention`` is the fast target's and the DFlash drafter's (``auto``: from ``flex_threshold`` live
 rows on, split attention where it serves, else FlexAttention; ``flex``: FlexAttention only, the
 split's baseline); ``split_prefix`` picks the split's prefix kernel (``flash`` or ``triton``; null:
-the library's choice, ``split_attention.triton_prefix_first``); ``fuse_projections=true`` gives the
-fast target each layer's same-input projections as one GEMM (``fused.fuse_projections``: an MLP's
-gate and up, a GDN layer's four input projections, an attention layer's q, k and v);
+the library's choice, ``split_attention.triton_prefix_first``); ``fuse_projections`` (null: on with
+CUDA graphs; true / false forces it) gives the fast target each layer's same-input projections as one
+GEMM (``fused.fuse_projections``: an MLP's gate and up, a GDN layer's four input projections, an
+attention layer's q, k and v);
 ``max_length: null`` sizes the caches for the longest prompt.
 """
 
@@ -317,7 +318,7 @@ def main(cfg: DictConfig) -> None:
         split_attention.TRITON_PREFIX = cfg.split_prefix == "triton"
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s; caches of {cfg.max_length} rows", flush=True)
-    fuse_projections = bool(cfg.get("fuse_projections", False))
+    fuse_projections = cfg.get("fuse_projections")  # None: on with CUDA graphs
     if is_hybrid(model):
         eager = HybridTarget(model)
         fast = StaticHybridTarget(model, cfg.max_length, cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,

@@ -47,12 +47,13 @@ def fast_path_fits(model: PreTrainedModel) -> bool:
 
 
 def target_for(model: PreTrainedModel, max_length: int | None = None, fast: bool | str = "auto",
-               fuse_projections: bool = False) -> HFTarget:
+               fuse_projections: bool | None = None) -> HFTarget:
     """The target class a model needs: a static one (``StaticHybridTarget`` for a model with GDN
     layers, else ``StaticTarget``) when ``fast`` is True, or "auto" and the model fits it
     (``fast_path_fits``); otherwise ``HybridTarget`` or ``HFTarget``. Every choice decodes the same tokens.
     ``fuse_projections`` is handed to a static target (each layer's same-input projections as one GEMM;
-    the model's weights become views, see ``fused.fuse_projections``); the eager targets ignore it.
+    the model's weights become views, see ``fused.fuse_projections``; None: on with CUDA graphs); the
+    eager targets ignore it.
 
     >>> target_for(tiny_hybrid_target()).__class__.__name__   # doctest: +SKIP
     'HybridTarget'

@@ -101,12 +101,12 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     ``fuse_projections=True`` stores each GDN layer's four input projections, each MLP's gate and up and
     each attention layer's q, k and v in one tensor a group (``fused.fuse_projections``: the parameters
     become views of it); a tree verify then runs each group as one GEMM (the MLP's and the attention's
-    with ``fuse``). Off by default until the GPU suite passes with it (README).
+    with ``fuse``). ``None`` (the default): on with CUDA graphs, as ``fuse``.
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "dense",
-                 flex_threshold: int = 4096, triton: bool | None = None, fuse_projections: bool = False) -> None:
+                 flex_threshold: int = 4096, triton: bool | None = None, fuse_projections: bool | None = None) -> None:
         if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         super().__init__(model, max_length)
@@ -126,6 +126,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             raise ValueError("the Triton tree delta rule needs fuse=True, Triton installed and the model on a CUDA GPU")
         # The tree delta rule as one Triton kernel per layer (fused path on a GPU), else torch ops.
         self.triton = self.fuse and gdn_tree_triton.available(device) if triton is None else bool(triton)
+        fuse_projections = self.cuda_graphs if fuse_projections is None else bool(fuse_projections)
         self.fused_projections = fused.fuse_projections(model) if fuse_projections else 0
         self._probed = False
         use_folded_sdpa(model)

@@ -78,12 +78,12 @@ class StaticTarget(FlexChoice, HFTarget):
 
     ``fuse_projections=True`` stores each MLP's gate and up weights, and each attention layer's q, k and
     v, in one tensor a group (``fused.fuse_projections``: the parameters become views of it) and, with
-    ``fuse``, runs each group as one GEMM. Off by default until the GPU suite passes with it (README).
+    ``fuse``, runs each group as one GEMM. ``None`` (the default): on with CUDA graphs, as ``fuse``.
     """
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "auto",
-                 flex_threshold: int = 4096, prefill_chunk: int = 4096, fuse_projections: bool = False) -> None:
+                 flex_threshold: int = 4096, prefill_chunk: int = 4096, fuse_projections: bool | None = None) -> None:
         if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
         if prefill_chunk < 1:
@@ -101,6 +101,7 @@ class StaticTarget(FlexChoice, HFTarget):
             raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
         self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
+        fuse_projections = self.cuda_graphs if fuse_projections is None else bool(fuse_projections)
         self.fused_projections = fused.fuse_projections(model) if fuse_projections else 0
         self._probed = False  # whether the fused functions were compiled once (``_probe_compiler``)
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)

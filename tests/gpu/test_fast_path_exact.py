@@ -43,7 +43,7 @@ def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
 @pytest.mark.parametrize("drafter_kind", ["replay", "dflash-graph", "dflash-eager"])
 @pytest.mark.parametrize("graphs,fuse", [(True, False), (True, True), (False, False)], ids=["graphs", "graphs-fused", "eager"])
 def test_budget_sequences_on_one_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse):
-    target = StaticTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse)
+    target = StaticTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse, fuse_projections=False)
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
 
@@ -63,8 +63,8 @@ def test_the_tree_block_mask_on_the_graphed_target_is_greedy(setup, drafter_kind
     """``mask=tree``: the loop hands on only the bool ``[n, n]`` tree block (``TreeMaskCompiler``),
     which the graphed target writes into its own mask."""
     model, prompts, refs, dflash = setup
-    check_budget_sequence(StaticTarget(model, max_length=512), SEQUENCES["all-strategies"], drafter_kind, prompts,
-                          refs, dflash, NEW, VOCAB, BLOCK, mask="tree")
+    check_budget_sequence(StaticTarget(model, max_length=512, fuse_projections=False), SEQUENCES["all-strategies"],
+                          drafter_kind, prompts, refs, dflash, NEW, VOCAB, BLOCK, mask="tree")
 
 
 def test_llama_sizes_revisited_fused(setup):
@@ -75,5 +75,7 @@ def test_llama_sizes_revisited_fused(setup):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.sampled_from(["ar", "chain", 1, 2, 4, 7, 16, 64]), min_size=2, max_size=6))
 def test_any_budget_order_is_greedy(setup, steps):
-    target = StaticTarget(setup[0], max_length=512)  # the default fast path: graphs and fused kernels
-    _check_sequence(setup, target, "replay", steps)
+    model = copy.deepcopy(setup[0])  # the default fast path (graphs, fused kernels, fused projections) on a copy
+    target = StaticTarget(model, max_length=512)
+    assert target.fused_projections == 2 * model.config.num_hidden_layers
+    _check_sequence((model, *setup[1:]), target, "replay", steps)

@@ -48,7 +48,7 @@ def _check_sequence(setup, target, drafter_kind: str, budgets) -> None:
 def test_budget_sequences_on_one_hybrid_target_are_greedy(setup, sequence, drafter_kind, graphs, fuse, attention,
                                                           triton):
     target = StaticHybridTarget(setup[0], max_length=512, cuda_graphs=graphs, fuse=fuse, attention=attention,
-                                triton=triton)
+                                triton=triton, fuse_projections=False)
     assert target.triton == (triton is None and fuse)
     _check_sequence(setup, target, drafter_kind, SEQUENCES[sequence])
 
@@ -66,16 +66,21 @@ def test_fused_projections_on_the_graphed_hybrid_are_greedy(setup, sequence, dra
 
 @pytest.mark.parametrize("attention", ["dense", "flex"])
 def test_the_tree_block_mask_on_the_graphed_hybrid_is_greedy(setup, attention):
-    """``mask=tree`` (the bool ``[n, n]`` block alone) on the default hybrid fast path."""
+    """``mask=tree`` (the bool ``[n, n]`` block alone) on the graphed hybrid (projections unfused: the model is
+    the module's)."""
     model, prompts, refs, dflash = setup
-    check_budget_sequence(StaticHybridTarget(model, max_length=512, attention=attention), SEQUENCES["all-strategies"],
+    check_budget_sequence(StaticHybridTarget(model, max_length=512, attention=attention, fuse_projections=False),
+                          SEQUENCES["all-strategies"],
                           "dflash-graph", prompts, refs, dflash, NEW, VOCAB, BLOCK, mask="tree")
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.sampled_from(["ar", "chain", 1, 2, 4, 7, 16, 64]), min_size=2, max_size=6))
 def test_any_budget_order_is_greedy_on_the_hybrid(setup, steps):
-    _check_sequence(setup, StaticHybridTarget(setup[0], max_length=512), "replay", steps)
+    model = copy.deepcopy(setup[0])  # the default fast path (fused projections included) on a copy
+    target = StaticHybridTarget(model, max_length=512)
+    assert target.fused_projections == 2 * model.config.num_hidden_layers
+    _check_sequence((model, *setup[1:]), target, "replay", steps)
 
 
 @pytest.mark.parametrize("n, seed", [(1, 3), (17, 0), (65, 1), (257, 2)])

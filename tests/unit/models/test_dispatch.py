@@ -17,6 +17,7 @@ def test_target_for_picks_the_fast_path_only_where_it_fits(tiny_models):
     assert type(target_for(plain, fast="auto")) is HFTarget  # on a CPU the fast path does not fit
     static = target_for(plain, fast=True)
     assert type(static) is StaticTarget and not static.cuda_graphs and static.max_length == STATIC_LENGTH
+    assert static.fused_projections == 0  # fuse_projections=None: on with CUDA graphs, so not on a CPU
     assert type(target_for(plain, max_length=64, fast=True)) is StaticTarget
     assert type(target_for(hybrid, fast="auto")) is HybridTarget
     fast_hybrid = target_for(hybrid, fast=True)  # GDN state in static slabs, no graphs on a CPU
