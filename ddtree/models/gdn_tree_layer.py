@@ -169,16 +169,22 @@ def tree_mix(
 
 def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
                     weight: Tensor, bias: Tensor | None, taps: Tensor, anc: Tensor, key_dim: int, value_dim: int,
-                    dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                    dk: int, keys_out: Tensor | None = None,
+                    log_decay_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``tree_mix`` up to the delta rule, in the compute dtype: q (l2-normalised, scaled by dk^-1/2) and k
-    (l2-normalised) ``[n, Hk, dk]``, v ``[n, H, dv]``, the path-summed log decay gamma and beta ``[n, H]``."""
+    (l2-normalised) ``[n, Hk, dk]``, v ``[n, H, dv]``, the path-summed log decay gamma and beta ``[n, H]``
+    (k and gamma written into ``keys_out`` and ``log_decay_out`` where given, see ``mix_inputs_after_conv``)."""
     mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
-    return mix_inputs_after_conv(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk)
+    return mix_inputs_after_conv(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk, keys_out, log_decay_out)
 
 
 def mix_inputs_after_conv(mixed: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor,
-                          key_dim: int, dk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``tree_mix_inputs`` from the conv's output ``mixed`` [n, C] on: the decay, the split, the l2 norms."""
+                          key_dim: int, dk: int, keys_out: Tensor | None = None,
+                          log_decay_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``tree_mix_inputs`` from the conv's output ``mixed`` [n, C] on: the decay, the split, the l2 norms.
+    ``keys_out`` [n, Hk, dk] and ``log_decay_out`` [n, H] (compute dtype), where given, receive k and gamma
+    and are returned in their place: compiled, the kernels that compute them store them there, with no
+    copy of their own."""
     n, h = a.shape
     compute = torch.promote_types(a.dtype, torch.float32)
     g = -a_log.to(compute).exp() * F.softplus(a.to(compute) + dt_bias)  # [n, H]
@@ -186,7 +192,12 @@ def mix_inputs_after_conv(mixed: Tensor, a: Tensor, beta: Tensor, a_log: Tensor,
     q, k, v = torch.split(mixed.to(compute), [key_dim, key_dim, mixed.shape[-1] - 2 * key_dim], dim=-1)
     q = l2norm(q.reshape(n, -1, dk)) * dk**-0.5
     k = l2norm(k.reshape(n, -1, dk))
-    return q, k, v.reshape(n, h, -1), anc.to(compute) @ g, beta.to(compute)
+    gamma = anc.to(compute) @ g
+    if keys_out is not None:
+        k = keys_out.copy_(k)
+    if log_decay_out is not None:
+        gamma = log_decay_out.copy_(gamma)
+    return q, k, v.reshape(n, h, -1), gamma, beta.to(compute)
 
 
 # Whether ``tree_mix_triton`` runs the tree conv as its own Triton kernel (``gdn_tree_triton.tree_conv``)
@@ -196,21 +207,26 @@ TRITON_CONV = True
 
 def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
                     weight: Tensor, bias: Tensor | None, initial: Tensor, taps: Tensor, anc: Tensor, key_dim: int,
-                    value_dim: int, dk: int, conv_copy: Tensor | None = None,
-                    updates_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                    value_dim: int, dk: int, conv_copy: Tensor | None = None, updates_out: Tensor | None = None,
+                    keys_out: Tensor | None = None,
+                    log_decay_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``tree_mix`` with its elementwise steps compiled and the tree conv and delta rule as Triton kernels
     (``gdn_tree_triton``); the same outputs, on a CUDA device with Triton. Its dots are IEEE float32
     for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits).
     ``conv_copy`` [n, C] receives x and ``updates_out`` [n, H, dv] the updates, written by the kernels
-    themselves (the fast path's commit stash, without a copy per layer)."""
+    themselves, and ``keys_out`` [n, Hk, dk] and ``log_decay_out`` [n, H] the keys and the log decay,
+    written by the compiled prologue (the fast path's commit stash, without a copy per layer); the
+    returned keys and log decay are then those tensors."""
+    outs = (keys_out, log_decay_out)
     if TRITON_CONV:
         mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps, copy=conv_copy)
-        q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk)
+        q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk,
+                                                                     *outs)
     else:
         if conv_copy is not None:
             conv_copy.copy_(x)
         q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, beta, a_log, dt_bias, window, weight, bias, taps,
-                                                               anc, key_dim, value_dim, dk)
+                                                               anc, key_dim, value_dim, dk, *outs)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
     out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision,
                                                    updates=updates_out,

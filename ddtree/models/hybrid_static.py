@@ -290,8 +290,10 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     def _gdn_forward(self, slot: int, layer: int, tables: TreeTables, stash: GDNStash, mix):
         module = self.gdn_modules[layer]
 
-        # The Triton kernels write x and the updates into this layer's stash rows themselves.
-        into = functools.partial(mix, conv_copy=stash.conv_inputs[slot], updates_out=stash.updates[slot]) \
+        # The Triton kernels and the compiled prologue write x, the updates, the keys and the log decay
+        # into this layer's stash rows themselves.
+        into = functools.partial(mix, conv_copy=stash.conv_inputs[slot], updates_out=stash.updates[slot],
+                                 keys_out=stash.keys[slot], log_decay_out=stash.log_decay[slot]) \
             if mix is tree_mix_triton else None
 
         def forward(hidden_states: Tensor, *args, **kwargs) -> Tensor:  # [1, n, D] -> [1, n, D]
@@ -300,8 +302,8 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             if into is None:
                 stash.conv_inputs[slot].copy_(verify.conv_inputs)
                 stash.updates[slot].copy_(verify.delta.updates)
-            stash.keys[slot].copy_(verify.delta.keys)
-            stash.log_decay[slot].copy_(verify.delta.log_decay)
+                stash.keys[slot].copy_(verify.delta.keys)
+                stash.log_decay[slot].copy_(verify.delta.log_decay)
             return out
 
         return forward

@@ -86,3 +86,35 @@ def test_tree_conv_kernel_matches_the_torch_tree_conv(interpreted, n, channels, 
     torch.testing.assert_close(gdn_tree_triton.tree_conv(x, window, weight, b, taps, block_nodes=16,
                                                          block_channels=32, copy=copy), got, atol=0, rtol=0)
     torch.testing.assert_close(copy, x, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("conv_kernel", [True, False], ids=["triton-conv", "compiled-conv"])
+def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted, monkeypatch, conv_kernel):
+    """``tree_mix_triton`` against ``tree_mix`` (the torch math) on a random forest, float32, with every
+    stash output given as the fast path gives them (rows of ``[G, n, ...]`` slabs): the same out, keys,
+    updates and log decay, and the slabs hold x, the keys, the updates and the log decay themselves."""
+    from ddtree.models import fused
+    from ddtree.models import gdn_tree_layer as layer
+
+    monkeypatch.setattr(fused, "BACKEND", "eager")  # dynamo traces the writes; Inductor is the GPU suite's
+    monkeypatch.setattr(fused, "_COMPILED", {})
+    monkeypatch.setattr(layer, "TRITON_CONV", conv_kernel)
+    gen = torch.Generator().manual_seed(3)
+    n, h, hk, dk, dv, k = 19, 4, 2, 16, 32, 4
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    parents[7] = -1
+    c = 2 * hk * dk + h * dv
+    r = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    args = (r(n, c), r(n, h), torch.rand(n, h, generator=gen), r(h), r(h), r(c, k), r(c, k), None, r(h, dk, dv),
+            conv_taps(parents, k), ancestor_matrix(parents), hk * dk, h * dv, dk)
+    out, keys, updates, log_decay, _ = layer.tree_mix(*args)
+    slot, nan = 1, lambda *shape: torch.full((3, n, *shape), float("nan"))  # noqa: E731
+    stash = dict(conv_copy=nan(c), updates_out=nan(h, dv), keys_out=nan(hk, dk), log_decay_out=nan(h))
+    got = layer.tree_mix_triton(*args, **{name: slab[slot] for name, slab in stash.items()})
+    tol = dict(atol=1e-5, rtol=1e-5)
+    for want, have in zip((out, keys, updates, log_decay), got[:4]):
+        torch.testing.assert_close(have, want, **tol)
+    assert got[1].data_ptr() == stash["keys_out"][slot].data_ptr()  # the keys returned are the stash's rows
+    for name, want in [("conv_copy", args[0]), ("keys_out", got[1]), ("updates_out", got[2]), ("log_decay_out", got[3])]:
+        torch.testing.assert_close(stash[name][slot], want, atol=0, rtol=0)
+        assert stash[name][[0, 2]].isnan().all()  # the other layers' rows untouched
