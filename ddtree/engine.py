@@ -41,7 +41,9 @@ class RoundRecord:
 class SpeculativeEngine:
     """Runs the round loop for one configuration of parts.
 
-    The mask compiler defaults to ``DenseMaskCompiler`` and the verifier to greedy (T = 0).
+    The mask compiler defaults to ``AutoMaskCompiler`` (the tree block alone for a target that reads it
+    as it is, the fast targets; a dense mask for the others) and the verifier to greedy (T = 0). A mask
+    compiler with a ``for_target`` method is replaced by the compiler it returns for the target.
 
     >>> engine = SpeculativeEngine(target, NullDrafter(), ChainTreeBuilder())  # doctest: +SKIP
     >>> engine.generate(prompt_ids, max_new_tokens=64).tokens                 # doctest: +SKIP
@@ -59,9 +61,11 @@ class SpeculativeEngine:
         tokenizer=None,
     ) -> None:
         if mask_compiler is None:
-            from ddtree.masks import DenseMaskCompiler
+            from ddtree.masks import AutoMaskCompiler
 
-            mask_compiler = DenseMaskCompiler()
+            mask_compiler = AutoMaskCompiler()
+        if hasattr(mask_compiler, "for_target"):
+            mask_compiler = mask_compiler.for_target(target)
         if verifier is None:
             from ddtree.verifiers import GreedyVerifier
 

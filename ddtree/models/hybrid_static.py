@@ -104,6 +104,8 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     with ``fuse``). ``None`` (the default): on with CUDA graphs, as ``fuse``.
     """
 
+    reads_tree_block = True  # a verify's bool [n, n] tree block is written into its own masks (AutoMaskCompiler)
+
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "dense",
                  flex_threshold: int = 4096, triton: bool | None = None, fuse_projections: bool | None = None) -> None:

@@ -81,6 +81,8 @@ class StaticTarget(FlexChoice, HFTarget):
     ``fuse``, runs each group as one GEMM. ``None`` (the default): on with CUDA graphs, as ``fuse``.
     """
 
+    reads_tree_block = True  # a verify's bool [n, n] tree block is written into its own masks (AutoMaskCompiler)
+
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
                  width_step: int = 256, fuse: bool | None = None, attention: str = "auto",
                  flex_threshold: int = 4096, prefill_chunk: int = 4096, fuse_projections: bool | None = None) -> None:
