@@ -114,9 +114,10 @@ def test_static_commit_matches_dynamic_commit(tiny_models):
         t.commit(path)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     length = prompt.numel() + len(path)
-    for s_layer, d_layer in zip(static.cache.layers, dynamic.cache.layers):
-        torch.testing.assert_close(s_layer.keys[:, :, :length], d_layer.keys, atol=1e-5, rtol=1e-5)
-        assert int(s_layer.cumulative_length) == length
+    for slot, d_layer in enumerate(dynamic.cache.layers):  # one slab, a slot per layer
+        torch.testing.assert_close(static.kv.keys[slot, :, :length][None], d_layer.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(static.kv.values[slot, :, :length][None], d_layer.values, atol=1e-5, rtol=1e-5)
+    assert static.kv.length == length == static.cache.get_seq_length()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
