@@ -344,9 +344,9 @@ def fuse_projections(model: nn.Module) -> int:
     26.5, and 18.9 against 20.0 at one row (``experiments/gemm_rows_bench.py``). A group is skipped where its
     linears differ in input size, dtype or device, have a bias, sit on the meta device or carry an
     accelerate hook (offloaded or dispatched weights). Returns the number of groups fused; calling it
-    again fuses nothing new. The model's parameters stay what they were, views of one tensor a group;
-    ``safetensors`` refuses to save tensors that share memory, so save such a model with
-    ``save_pretrained(..., safe_serialization=False)`` or from a fresh load.
+    again fuses nothing new. The model's parameters stay what they were, views of one tensor a group:
+    ``save_pretrained`` writes them as separate weights (transformers 5.17 and 5.25), while
+    ``safetensors.torch.save_model`` refuses them as tensors that share memory.
 
     >>> fuse_projections(model)     # doctest: +SKIP
     36

@@ -436,3 +436,18 @@ def test_compiles_warns_and_says_what_happens_instead_where_the_probe_fails(capl
     with caplog.at_level("WARNING"):
         assert not fused.compiles(broken, torch.bfloat16, torch.device("cpu"), "the MTP drafter keeps its dense mask")
     assert "(RuntimeError: no working compiler), so the MTP drafter keeps its dense mask" in caplog.text
+
+
+def test_a_model_with_fused_projections_saves_and_loads_back_through_save_pretrained(tmp_path):
+    """The fused weights are row views of one tensor a group: ``save_pretrained`` writes them as the
+    separate weights they are, and a fresh load gives every value back."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_target("qwen3")
+    assert fused.fuse_projections(model) > 0
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    want = model.state_dict()
+    assert set(loaded.state_dict()) == set(want)
+    for name, value in loaded.state_dict().items():
+        torch.testing.assert_close(value, want[name], atol=0, rtol=0)
