@@ -46,6 +46,9 @@ class TreeBuilder(Protocol):
 
 @runtime_checkable
 class MaskCompiler(Protocol):
+    """Optionally also ``for_target(target) -> MaskCompiler``: the engine then keeps the compiler it
+    returns for its target (``AutoMaskCompiler``: the tree block alone for the fast targets)."""
+
     def to(self, device: torch.device, dtype: torch.dtype) -> "MaskCompiler":
         """Build masks on this device and dtype (where the target's first layer reads them)."""
 
