@@ -446,7 +446,7 @@ def test_a_model_with_fused_projections_saves_and_loads_back_through_save_pretra
     model = tiny_target("qwen3")
     assert fused.fuse_projections(model) > 0
     model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, use_safetensors=True)
     want = model.state_dict()
     assert set(loaded.state_dict()) == set(want)
     for name, value in loaded.state_dict().items():
