@@ -66,3 +66,19 @@ def cli(monkeypatch, capsys):
         return Result(code, out.out, out.err)
 
     return run
+
+
+_CONFIG = {}
+
+
+def pytest_configure(config) -> None:
+    _CONFIG["controller"] = not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_runtest_logreport(report) -> None:
+    """A failing GPU test's traceback is written out as it fails (by the process that ran it): a GPU
+    run cut off by its time limit (device time is scarce) never reaches pytest's summary, where
+    tracebacks are otherwise shown."""
+    if report.failed and "gpu" in report.keywords and not _CONFIG.get("controller"):
+        sys.stderr.write(f"\n=== {report.nodeid} failed ({report.when}):\n{report.longreprtext[-4000:]}\n")
+        sys.stderr.flush()
