@@ -484,3 +484,83 @@ def triton_interpreted(module: str, *loaders) -> Iterator[None]:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = previous
+
+
+class GraphCaptureAudit:
+    """The memory a CUDA-graph recording reads or writes that it did not allocate itself, and whether
+    each piece is still held once the recording is done: ``fake_cuda_graphs``' report.
+
+    A graph replays raw addresses. A tensor it uses that was allocated before the capture must stay
+    referenced for as long as the graph lives; freed, the allocator hands its memory to other tensors
+    and every replay reads or writes theirs. Tensors allocated inside the capture live in the graph's
+    own pool and need no owner."""
+
+    def __init__(self) -> None:
+        self.used: dict[int, str] = {}  # storage address -> the first op that touched it
+        self.made: set[int] = set()  # storages allocated inside the capture
+
+    def freed(self) -> dict[int, str]:
+        """The storages the capture used, did not allocate, and nothing references any more."""
+        import gc
+        import warnings
+
+        gc.collect()
+        with warnings.catch_warnings():  # isinstance on some deprecated module attributes warns
+            warnings.simplefilter("ignore")
+            live = {obj.untyped_storage().data_ptr() for obj in gc.get_objects() if isinstance(obj, torch.Tensor)}
+        return {ptr: op for ptr, op in self.used.items() if ptr not in live}
+
+
+@contextlib.contextmanager
+def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
+    """Run code that records CUDA graphs on the CPU: streams and graphs become no-ops (a replay does
+    nothing), and what runs inside ``torch.cuda.graph(...)`` runs eagerly under an audit of the
+    tensors it touches (``GraphCaptureAudit``). Lets a CPU test check that a recording keeps every
+    buffer its graph uses, which only a GPU would otherwise show (as wrong tokens).
+
+    >>> with fake_cuda_graphs() as audit:                 # doctest: +SKIP
+    ...     record = target._record_graph(n, mask)
+    >>> audit.freed()                                     # doctest: +SKIP
+    {}
+    """
+    from unittest import mock
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    audit = GraphCaptureAudit()
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr not in audit.made:
+                        audit.used.setdefault(ptr, f"{func} {tuple(t.shape)}")
+            out = func(*args, **kwargs)
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    audit.made.add(t.untyped_storage().data_ptr())
+            return out
+
+    class Graph:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def replay(self) -> None:
+            pass
+
+    class Stream(Graph):
+        def wait_stream(self, other) -> None:
+            pass
+
+    @contextlib.contextmanager
+    def capture(graph, *args, **kwargs):
+        with Recorder():
+            yield
+
+    with mock.patch.multiple(torch.cuda, Stream=Stream, current_stream=lambda *a, **k: Stream(), CUDAGraph=Graph,
+                             graph=capture, graph_pool_handle=lambda: None,
+                             stream=lambda s: contextlib.nullcontext()):
+        yield audit
