@@ -507,7 +507,13 @@ class GraphCaptureAudit:
         gc.collect()
         with warnings.catch_warnings():  # isinstance on some deprecated module attributes warns
             warnings.simplefilter("ignore")
-            live = {obj.untyped_storage().data_ptr() for obj in gc.get_objects() if isinstance(obj, torch.Tensor)}
+            tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+        live = set()
+        for t in tensors:
+            try:
+                live.add(t.untyped_storage().data_ptr())
+            except RuntimeError:  # a compiler's fake tensor has no memory
+                continue
         return {ptr: op for ptr, op in self.used.items() if ptr not in live}
 
 
@@ -516,7 +522,10 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
     """Run code that records CUDA graphs on the CPU: streams and graphs become no-ops (a replay does
     nothing), and what runs inside ``torch.cuda.graph(...)`` runs eagerly under an audit of the
     tensors it touches (``GraphCaptureAudit``). Lets a CPU test check that a recording keeps every
-    buffer its graph uses, which only a GPU would otherwise show (as wrong tokens).
+    buffer its graph uses, which only a GPU would otherwise show (as wrong tokens). FlexAttention,
+    which compiles itself where no dispatch mode may watch, runs unwatched; its inputs, block tables
+    and the tensors its mask function closes over are noted instead. Run the recording without
+    autograd (``torch.inference_mode()``, as the loop does): FlexAttention on the CPU refuses it.
 
     >>> with fake_cuda_graphs() as audit:                 # doctest: +SKIP
     ...     record = target._record_graph(n, mask)
@@ -525,24 +534,42 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
     """
     from unittest import mock
 
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
     from torch.utils._pytree import tree_leaves
+
+    from ddtree.models import flex_attention as flex_module
 
     audit = GraphCaptureAudit()
 
+    def note(inputs, outputs, op: str) -> None:
+        for t in tree_leaves(inputs):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in audit.made:
+                    audit.used.setdefault(ptr, f"{op} {tuple(t.shape)}")
+        audit.made.update(t.untyped_storage().data_ptr() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor))
+
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            for t in tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
-                    ptr = t.untyped_storage().data_ptr()
-                    if ptr not in audit.made:
-                        audit.used.setdefault(ptr, f"{func} {tuple(t.shape)}")
-            out = func(*args, **kwargs)
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    audit.made.add(t.untyped_storage().data_ptr())
+            out = func(*args, **(kwargs or {}))
+            note((args, kwargs), out, str(func))
             return out
+
+    real_flex = flex_module.flex_attention
+
+    def audited_flex(query, key, value, *args, block_mask=None, **kwargs):
+        # FlexAttention compiles itself, which no dispatch mode may watch: its tensors are noted here,
+        # the block tables and whatever its mask function holds among them, and it runs unwatched.
+        held = [] if block_mask is None else [*block_mask.as_tuple()[:-1]]
+        for cell in getattr(getattr(block_mask, "mask_mod", None), "__closure__", None) or ():
+            try:
+                held.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        with _disable_current_modes():
+            out = real_flex(query, key, value, *args, block_mask=block_mask, **kwargs)
+        note((query, key, value, held), out, "flex_attention")
+        return out
 
     class Graph:
         def __init__(self, *args, **kwargs) -> None:
@@ -557,7 +584,7 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
 
     @contextlib.contextmanager
     def capture(graph, *args, **kwargs):
-        with Recorder():
+        with Recorder(), mock.patch.object(flex_module, "flex_attention", audited_flex):
             yield
 
     with mock.patch.multiple(torch.cuda, Stream=Stream, current_stream=lambda *a, **k: Stream(), CUDAGraph=Graph,

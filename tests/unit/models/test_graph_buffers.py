@@ -4,9 +4,11 @@ A graph replays raw addresses: a tensor allocated before the capture and used in
 referenced as long as the graph lives, or the allocator hands its memory to other tensors and each
 replay reads and writes theirs. On a GPU that shows only as wrong tokens or an out-of-range index
 (a graphed ``StaticTarget`` once lost its row offsets this way). ``fake_cuda_graphs`` runs the
-recordings eagerly on the CPU and lists the memory they used, did not allocate, and no longer hold.
+recordings eagerly on the CPU and lists the memory they used, did not allocate, and no longer hold;
+each part with its dense masks and with FlexAttention layouts.
 """
 
+import pytest
 import torch
 
 from ddtree.drafters import DFlashDrafter
@@ -46,8 +48,11 @@ def _graphed(part):
     return part
 
 
-def test_static_target_graphs_keep_their_buffers(family):
-    target = StaticTarget(tiny_target(family), max_length=256, cuda_graphs=False, fuse=False, fuse_projections=False)
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+@torch.inference_mode()
+def test_static_target_graphs_keep_their_buffers(family, attention):
+    target = StaticTarget(tiny_target(family), max_length=256, cuda_graphs=False, fuse=False, fuse_projections=False,
+                          attention=attention)
     target.prefill(PROMPT)
     with fake_cuda_graphs() as audit:
         _graphed(target)
@@ -56,9 +61,11 @@ def test_static_target_graphs_keep_their_buffers(family):
     assert audit.used and audit.freed() == {}
 
 
-def test_static_hybrid_target_graphs_keep_their_buffers():
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+@torch.inference_mode()
+def test_static_hybrid_target_graphs_keep_their_buffers(attention):
     target = StaticHybridTarget(tiny_hybrid_target(), max_length=256, cuda_graphs=False, fuse=False,
-                                fuse_projections=False)
+                                fuse_projections=False, attention=attention)
     target.prefill(PROMPT)
     with fake_cuda_graphs() as audit:
         _graphed(target)
@@ -67,10 +74,12 @@ def test_static_hybrid_target_graphs_keep_their_buffers():
     assert audit.used and audit.freed() == {}
 
 
-def test_dflash_drafter_graph_keeps_its_buffers():
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+@torch.inference_mode()
+def test_dflash_drafter_graph_keeps_its_buffers(attention):
     model = tiny_target("qwen3")
     target = StaticTarget(model, max_length=256, cuda_graphs=False, fuse=False, fuse_projections=False)
-    drafter = DFlashDrafter(tiny_dflash(model), target, max_length=128, fuse=False)
+    drafter = DFlashDrafter(tiny_dflash(model), target, max_length=128, fuse=False, attention=attention)
     target.set_taps(drafter.hidden_layers)
     drafter.reset(target.prefill(PROMPT))
     with fake_cuda_graphs() as audit:
@@ -78,11 +87,13 @@ def test_dflash_drafter_graph_keeps_its_buffers():
     assert audit.used and audit.freed() == {}
 
 
-def test_mtp_chain_graph_keeps_its_buffers():
+@pytest.mark.parametrize("attention", ["dense", "flex"])
+@torch.inference_mode()
+def test_mtp_chain_graph_keeps_its_buffers(attention):
     model = tiny_hybrid_target()
     head = MTPHead.for_target(model)
     target = StaticHybridTarget(model, max_length=256, cuda_graphs=False, fuse=False, fuse_projections=False)
-    chain = StaticChain(head, target, steps=2, max_length=64, graphs=False)
+    chain = StaticChain(head, target, steps=2, max_length=64, graphs=False, attention=attention)
     hidden = torch.randn(6, head.hidden_size)
     chain.absorb(hidden[:5], list(range(3, 8)), 0)
     with fake_cuda_graphs() as audit:
