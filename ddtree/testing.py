@@ -528,7 +528,7 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
     autograd (``torch.inference_mode()``, as the loop does): FlexAttention on the CPU refuses it.
 
     >>> with fake_cuda_graphs() as audit:                 # doctest: +SKIP
-    ...     record = target._record_graph(n, mask)
+    ...     out = target.forward_tree(inputs)             # a target built for the CPU, cuda_graphs then set
     >>> audit.freed()                                     # doctest: +SKIP
     {}
     """
