@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import Iterator
@@ -518,14 +519,22 @@ class GraphCaptureAudit:
 
 
 @contextlib.contextmanager
-def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
-    """Run code that records CUDA graphs on the CPU: streams and graphs become no-ops (a replay does
-    nothing), and what runs inside ``torch.cuda.graph(...)`` runs eagerly under an audit of the
-    tensors it touches (``GraphCaptureAudit``). Lets a CPU test check that a recording keeps every
-    buffer its graph uses, which only a GPU would otherwise show (as wrong tokens). FlexAttention,
-    which compiles itself where no dispatch mode may watch, runs unwatched; its inputs, block tables
-    and the tensors its mask function closes over are noted instead. Run the recording without
-    autograd (``torch.inference_mode()``, as the loop does): FlexAttention on the CPU refuses it.
+def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
+    """Run code that records CUDA graphs on the CPU: what runs inside ``torch.cuda.graph(...)`` runs
+    eagerly under an audit of the tensors it touches (``GraphCaptureAudit``), and streams become
+    no-ops. Lets a CPU test check that a recording keeps every buffer its graph uses, which only a GPU
+    would otherwise show (as wrong tokens). FlexAttention, which compiles itself where no dispatch mode
+    may watch, runs unwatched; its inputs, block tables and the tensors its mask function closes over
+    are noted instead. Run the recording without autograd (``torch.inference_mode()``, as the loop
+    does): FlexAttention on the CPU refuses it. Compiled functions (``fuse``) cannot run under it.
+
+    ``replay=False``: a replay does nothing. ``replay=True``: the capture also records each op with
+    the very tensors it read and wrote, and a replay runs them again, writing each result into the
+    tensor the capture produced, as a graph replays its kernels over the same memory. Whatever the
+    capture took from Python (a length, a shape, a branch) stays as it was at capture time, as on a
+    GPU; a host sync inside the capture (``.item()``, ``.tolist()``) is refused, as a GPU refuses it.
+    So the graphed loop's logic runs on the CPU: the tokens it gives there are the tokens its graphs
+    give on a GPU, kernels' rounding aside.
 
     >>> with fake_cuda_graphs() as audit:                 # doctest: +SKIP
     ...     out = target.forward_tree(inputs)             # a target built for the CPU, cuda_graphs then set
@@ -540,19 +549,49 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
     from ddtree.models import flex_attention as flex_module
 
     audit = GraphCaptureAudit()
+    capturing: list = []  # the graph being recorded, while one is
 
     def note(inputs, outputs, op: str) -> None:
+        read = set()
         for t in tree_leaves(inputs):
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
                 ptr = t.untyped_storage().data_ptr()
+                read.add(ptr)
                 if ptr not in audit.made:
                     audit.used.setdefault(ptr, f"{op} {tuple(t.shape)}")
-        audit.made.update(t.untyped_storage().data_ptr() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor))
+        # New memory only: a view (or an op writing in place) returns memory it was given.
+        audit.made.update(ptr for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)
+                          and (ptr := t.untyped_storage().data_ptr()) not in read)
+
+    def keep(run, inputs, outputs, fresh: bool) -> None:
+        """Record ``run`` for replays; ``fresh``: its outputs are new tensors, written back into these
+        (those that share an input's memory are views, whatever the schema says, and are left alone)."""
+        if replay and capturing:
+            read = {t.untyped_storage().data_ptr() for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+            outs = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)
+                    and t.untyped_storage().data_ptr() not in read] if fresh else []
+            capturing[-1].ops.append((run, outs))
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._local_scalar_dense.default:
+                raise RuntimeError("a host sync (.item(), .tolist(), a tensor in an if) inside a CUDA graph capture: "
+                                   "a GPU refuses it")
+            if replay:  # a capture only records: memory it writes is put back when it ends
+                for i, arg in enumerate(func._schema.arguments):
+                    if arg.alias_info is not None and arg.alias_info.is_write:
+                        value = args[i] if i < len(args) else kwargs.get(arg.name)
+                        capturing[-1].saved += [(t, t.clone()) for t in tree_leaves(value) if isinstance(t, torch.Tensor)
+                                                and t.untyped_storage().data_ptr() not in audit.made]
+            out = func(*args, **kwargs)
             note((args, kwargs), out, str(func))
+            aliases = [r.alias_info for r in func._schema.returns]
+            run = functools.partial(func, *args, **kwargs)
+            if any(a is not None and a.is_write for a in aliases):  # in place or into ``out=``: run again
+                keep(run, (args, kwargs), out, fresh=False)
+            else:  # a new tensor, run again and written back; a view (``to`` and ``reshape`` may be
+                keep(run, (args, kwargs), out, fresh=True)  # either) shares an input's memory: it reads it anew
             return out
 
     real_flex = flex_module.flex_attention
@@ -566,17 +605,26 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
                 held.append(cell.cell_contents)
             except ValueError:  # an empty cell
                 continue
-        with _disable_current_modes():
-            out = real_flex(query, key, value, *args, block_mask=block_mask, **kwargs)
+
+        def run():
+            with _disable_current_modes():
+                return real_flex(query, key, value, *args, block_mask=block_mask, **kwargs)
+
+        out = run()
         note((query, key, value, held), out, "flex_attention")
+        keep(run, (query, key, value, held), out, fresh=True)
         return out
 
     class Graph:
         def __init__(self, *args, **kwargs) -> None:
-            pass
+            self.ops: list = []
+            self.saved: list = []  # (tensor, its content before the capture wrote it)
 
         def replay(self) -> None:
-            pass
+            for run, outs in self.ops:
+                result = run()
+                for old, new in zip(outs, [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]):
+                    old.copy_(new)
 
     class Stream(Graph):
         def wait_stream(self, other) -> None:
@@ -584,8 +632,21 @@ def fake_cuda_graphs() -> Iterator[GraphCaptureAudit]:
 
     @contextlib.contextmanager
     def capture(graph, *args, **kwargs):
-        with Recorder(), mock.patch.object(flex_module, "flex_attention", audited_flex):
-            yield
+        capturing.append(graph)
+        try:
+            with Recorder(), mock.patch.object(flex_module, "flex_attention", audited_flex):
+                yield
+        finally:
+            capturing.pop()
+            # As on a GPU, where a capture runs nothing: what it wrote is as before, and what it made
+            # holds no result until a replay (NaN, or -1 for integers).
+            for t, before in reversed(graph.saved):
+                t.copy_(before)
+            graph.saved.clear()
+            for _, outs in graph.ops:
+                for t in outs:
+                    if t.dtype != torch.bool:
+                        t.fill_(float("nan") if t.is_floating_point() else -1)
 
     with mock.patch.multiple(torch.cuda, Stream=Stream, current_stream=lambda *a, **k: Stream(), CUDAGraph=Graph,
                              graph=capture, graph_pool_handle=lambda: None,
