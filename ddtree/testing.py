@@ -568,8 +568,8 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
         (those that share an input's memory are views, whatever the schema says, and are left alone)."""
         if replay and capturing:
             read = {t.untyped_storage().data_ptr() for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
-            outs = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)
-                    and t.untyped_storage().data_ptr() not in read] if fresh else []
+            tensors = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)] if fresh else []
+            outs = [(i, t) for i, t in enumerate(tensors) if t.untyped_storage().data_ptr() not in read]
             capturing[-1].ops.append((run, outs))
 
     class Recorder(TorchDispatchMode):
@@ -622,9 +622,9 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
 
         def replay(self) -> None:
             for run, outs in self.ops:
-                result = run()
-                for old, new in zip(outs, [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]):
-                    old.copy_(new)
+                result = [t for t in tree_leaves(run()) if isinstance(t, torch.Tensor)]
+                for i, old in outs:
+                    old.copy_(result[i])
 
     class Stream(Graph):
         def wait_stream(self, other) -> None:
@@ -644,7 +644,7 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
                 t.copy_(before)
             graph.saved.clear()
             for _, outs in graph.ops:
-                for t in outs:
+                for _, t in outs:
                     if t.dtype != torch.bool:
                         t.fill_(float("nan") if t.is_floating_point() else -1)
 
