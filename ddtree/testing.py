@@ -551,7 +551,10 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
     audit = GraphCaptureAudit()
     capturing: list = []  # the graph being recorded, while one is
 
-    def note(inputs, outputs, op: str) -> None:
+    def note(run, inputs, outputs, op: str, fresh: bool = True) -> None:
+        """Audit one op of a capture and, for replays, record ``run``. ``fresh``: its results are new
+        tensors, written back into these at each replay; those that share an input's memory are views,
+        whatever the schema says, and read it anew (an op writing in place or into ``out=`` just runs)."""
         read = set()
         for t in tree_leaves(inputs):
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
@@ -559,18 +562,11 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
                 read.add(ptr)
                 if ptr not in audit.made:
                     audit.used.setdefault(ptr, f"{op} {tuple(t.shape)}")
-        # New memory only: a view (or an op writing in place) returns memory it was given.
-        audit.made.update(ptr for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)
-                          and (ptr := t.untyped_storage().data_ptr()) not in read)
-
-    def keep(run, inputs, outputs, fresh: bool) -> None:
-        """Record ``run`` for replays; ``fresh``: its outputs are new tensors, written back into these
-        (those that share an input's memory are views, whatever the schema says, and are left alone)."""
+        results = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        new = [(i, t) for i, t in enumerate(results) if t.untyped_storage().data_ptr() not in read]
+        audit.made.update(t.untyped_storage().data_ptr() for _, t in new)
         if replay and capturing:
-            read = {t.untyped_storage().data_ptr() for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
-            tensors = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)] if fresh else []
-            outs = [(i, t) for i, t in enumerate(tensors) if t.untyped_storage().data_ptr() not in read]
-            capturing[-1].ops.append((run, outs))
+            capturing[-1].ops.append((run, new if fresh else []))
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -585,13 +581,8 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
                         capturing[-1].saved += [(t, t.clone()) for t in tree_leaves(value) if isinstance(t, torch.Tensor)
                                                 and t.untyped_storage().data_ptr() not in audit.made]
             out = func(*args, **kwargs)
-            note((args, kwargs), out, str(func))
-            aliases = [r.alias_info for r in func._schema.returns]
-            run = functools.partial(func, *args, **kwargs)
-            if any(a is not None and a.is_write for a in aliases):  # in place or into ``out=``: run again
-                keep(run, (args, kwargs), out, fresh=False)
-            else:  # a new tensor, run again and written back; a view (``to`` and ``reshape`` may be
-                keep(run, (args, kwargs), out, fresh=True)  # either) shares an input's memory: it reads it anew
+            writes = any(r.alias_info is not None and r.alias_info.is_write for r in func._schema.returns)
+            note(functools.partial(func, *args, **kwargs), (args, kwargs), out, str(func), fresh=not writes)
             return out
 
     real_flex = flex_module.flex_attention
@@ -611,8 +602,7 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
                 return real_flex(query, key, value, *args, block_mask=block_mask, **kwargs)
 
         out = run()
-        note((query, key, value, held), out, "flex_attention")
-        keep(run, (query, key, value, held), out, fresh=True)
+        note(run, (query, key, value, held), out, "flex_attention")
         return out
 
     class Graph:
@@ -626,7 +616,10 @@ def fake_cuda_graphs(replay: bool = False) -> Iterator[GraphCaptureAudit]:
                 for i, old in outs:
                     old.copy_(result[i])
 
-    class Stream(Graph):
+    class Stream:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
         def wait_stream(self, other) -> None:
             pass
 
