@@ -8,10 +8,14 @@ For each verify size n (a random tree of depth <= 16, as DDTree builds) it times
 replays of --reps back-to-back calls (the median of five replays, per call):
 
 - ``mix/torch``: the compiled torch tree mixing (``tree_mix``: conv, decay, batched triangular solve);
-- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (Triton conv, compiled prologue, Triton rule);
+- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (the Triton conv with each head's l2 norm,
+  the Triton decay, the Triton rule);
+- ``mix/triton_compiled_prologue``: the same with the Triton conv and a compiled prologue
+  (``gdn_tree_layer.FUSED_PROLOGUE = False``);
 - ``mix/triton_compiled_conv``: the same with the tree conv inside the compiled prologue
   (``gdn_tree_layer.TRITON_CONV = False``);
 - ``prologue``: the compiled prologue alone (conv, l2norm, path-summed decay);
+- ``prologue/triton``: its two Triton kernels alone (``tree_conv_heads`` and ``tree_decay``);
 - ``conv/compiled`` and ``conv/triton``: the tree conv alone, compiled by Inductor and as
   ``gdn_tree_triton.tree_conv`` (with its largest difference from the compiled one);
 - ``rule/...``: ``gdn_tree_triton.tree_delta_rule`` alone, per block, value block, precision and form
@@ -34,7 +38,7 @@ from ddtree.metrics.timer import graphed_us
 from ddtree.models import fused, gdn_tree_layer
 from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors, tree_causal_conv1d
 from ddtree.models.gdn_tree_layer import tree_mix, tree_mix_inputs, tree_mix_triton
-from ddtree.models.gdn_tree_triton import tree_conv, tree_delta_rule
+from ddtree.models.gdn_tree_triton import tree_conv, tree_conv_heads, tree_decay, tree_delta_rule
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,18 +88,32 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     torch_mix, prologue = fused.compiled(tree_mix), fused.compiled(tree_mix_inputs)
     row["mix/torch"] = graphed_us(lambda: torch_mix(*mix_args), args.reps)
     row["mix/triton"] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
-    previous, gdn_tree_layer.TRITON_CONV = gdn_tree_layer.TRITON_CONV, False
-    try:
-        row["mix/triton_compiled_conv"] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
-    finally:
-        gdn_tree_layer.TRITON_CONV = previous
+    for flag, name in (("FUSED_PROLOGUE", "mix/triton_compiled_prologue"), ("TRITON_CONV", "mix/triton_compiled_conv")):
+        previous = getattr(gdn_tree_layer, flag)
+        setattr(gdn_tree_layer, flag, False)
+        try:
+            row[name] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
+        finally:
+            setattr(gdn_tree_layer, flag, previous)
     row["prologue"] = graphed_us(lambda: prologue(*prologue_args), args.reps)
+
+    def triton_prologue():
+        tree_conv_heads(x, window, weight, None, taps, hk * d, d)
+        tree_decay(a, beta, a_log, dt_bias, anc)
+
+    q, key, v, gamma, b = prologue(*prologue_args)
+    tq, tk, tv = tree_conv_heads(x, window, weight, None, taps, hk * d, d)
+    tg, tb = tree_decay(a, beta, a_log, dt_bias, anc)
+    row["prologue/triton"] = {
+        "us": graphed_us(triton_prologue, args.reps),
+        "max_diff": {name: float((got.reshape(mine.shape) - mine).abs().max())
+                     for name, got, mine in (("q", tq, q), ("k", tk, key), ("v", tv, v), ("gamma", tg, gamma),
+                                             ("beta", tb, b))}}
     conv = fused.compiled(tree_causal_conv1d)
     row["conv/compiled"] = graphed_us(lambda: conv(x, None, window, weight, None, taps), args.reps)
     row["conv/triton"] = {"us": graphed_us(lambda: tree_conv(x, window, weight, None, taps), args.reps),
                           "max_diff": float((tree_conv(x, window, weight, None, taps).float()
                                              - conv(x, None, window, weight, None, taps).float()).abs().max())}
-    q, key, v, gamma, b = prologue(*prologue_args)
     # The float64 reference on the same inputs: g back from gamma (anc is unit lower triangular).
     g = torch.linalg.solve_triangular(anc.double(), gamma.double(), upper=False, unitriangular=True)
     ref = delta_rule_tensors(q.double() * d**0.5, key.double(), v.double(), g, b.double(), None, s0.double(), anc)[0]

@@ -9,6 +9,11 @@ import triton.language as tl
 
 
 @triton.jit
+def _add(a, b):  # tl.reduce's combine: the standard library's tl.sum runs in the interpreter only if it was on at import
+    return a + b
+
+
+@triton.jit
 def path_decay(anc, g_rows, g_cols):  # [BT, BT]: e^{gamma_i - gamma_j} where j is i or an ancestor, else 0
     # Exponent only where anc is set: there gamma_i - gamma_j <= 0, elsewhere it could overflow.
     return tl.where(anc, tl.exp(tl.where(anc, g_rows[:, None] - g_cols[None, :], 0.0)), 0.0)
@@ -196,3 +201,77 @@ def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr,
     y = y / (1.0 + tl.exp(-y))
     tl.store(out_ptr + rows[:, None] * C + cols[None, :], y.to(weight_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty),
              mask=both)
+
+
+@triton.jit
+def tree_conv_heads_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, n, C,
+                           KEY, stride_x, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr,
+                           BN: tl.constexpr, DK: tl.constexpr):
+    """``tree_conv_kernel`` over one head's ``DK`` channels, and what the GDN layer does next to them: the
+    output rounded as the conv's, then in float32 the l2 norm of a query or key head (times ``scale`` for a
+    query), stored at ``q_ptr`` / ``k_ptr`` ([n, KEY]), or the value head as it is at ``v_ptr``
+    ([n, C - 2 KEY])."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    start = tl.program_id(1) * DK
+    cols = start + tl.arange(0, DK)
+    live = rows < n
+    acc = tl.full((BN, DK), 0.0, tl.float32)
+    for m in tl.static_range(K):
+        t = tl.load(taps_ptr + rows * K + m, mask=live, other=0)
+        in_x = t >= K
+        from_x = tl.load(x_ptr + (t - K)[:, None] * stride_x + cols[None, :], mask=live[:, None] & in_x[:, None],
+                         other=0.0)
+        from_window = tl.load(window_ptr + cols[None, :] * K + t[:, None], mask=live[:, None] & ~in_x[:, None],
+                              other=0.0)
+        row = tl.where(in_x[:, None], from_x.to(weight_ptr.dtype.element_ty),
+                       from_window.to(weight_ptr.dtype.element_ty))
+        w = tl.load(weight_ptr + cols * K + m).to(tl.float32)
+        acc = acc + row.to(tl.float32) * w[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+    if COPY:
+        own = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=live[:, None], other=0.0)
+        tl.store(copy_ptr + rows[:, None] * C + cols[None, :], own, mask=live[:, None])
+    y = acc.to(weight_ptr.dtype.element_ty).to(tl.float32)
+    y = y / (1.0 + tl.exp(-y))
+    y = y.to(weight_ptr.dtype.element_ty).to(x_ptr.dtype.element_ty).to(tl.float32)  # the conv's output, as stored
+    if start < 2 * KEY:
+        y = y * tl.rsqrt(tl.reduce(y * y, 1, _add) + eps)[:, None]
+        if start < KEY:
+            tl.store(q_ptr + rows[:, None] * KEY + cols[None, :], y * scale, mask=live[:, None])
+        else:
+            tl.store(k_ptr + rows[:, None] * KEY + (cols - KEY)[None, :], y, mask=live[:, None])
+    else:
+        tl.store(v_ptr + rows[:, None] * (C - 2 * KEY) + (cols - 2 * KEY)[None, :], y, mask=live[:, None])
+
+
+@triton.jit
+def tree_decay_kernel(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, H, stride_a, stride_b,
+                      stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr):
+    """The GDN decay summed along each node's root path, for a block of ``BN`` nodes and every head:
+    ``gamma_i = sum_j anc[i, j] g_j`` with ``g = -exp(A_log) softplus(a + dt_bias)`` in float32 (softplus
+    as torch's: x past 20, else log1p(exp(x))); and beta in float32. Both stored as [N, H] (N a constant, as the
+    verify sizes are: a loop bound the interpreter can read)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    heads = tl.arange(0, HP)
+    live, lane = rows < N, heads < H
+    coef = -tl.exp(tl.load(a_log_ptr + heads, mask=lane, other=0.0).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + heads, mask=lane, other=0.0).to(tl.float32)
+    acc = tl.full((BN, HP), 0.0, tl.float32)
+    for j in range(0, N, BJ):
+        cols = j + tl.arange(0, BJ)
+        both = (cols < N)[:, None] & lane[None, :]
+        x = tl.load(a_ptr + cols[:, None] * stride_a + heads[None, :], mask=both, other=0.0).to(tl.float32)
+        x = x + dt_bias[None, :]
+        u = tl.exp(tl.minimum(x, 20.0))
+        w = 1.0 + u
+        # log1p(u) to a few ulps from log alone (where 1 + u rounds to 1, log1p(u) is u).
+        log1p = tl.where(w == 1.0, u, tl.log(w) * (u / tl.where(w == 1.0, 1.0, w - 1.0)))
+        g = tl.where(both, coef[None, :] * tl.where(x > 20.0, x, log1p), 0.0)
+        anc = tl.load(anc_ptr + rows[:, None] * stride_an + cols[None, :],
+                      mask=live[:, None] & (cols < N)[None, :], other=0)
+        acc += tl.dot((anc != 0).to(tl.float32), g, input_precision="ieee")
+    out = rows[:, None] * H + heads[None, :]
+    tl.store(gamma_ptr + out, acc, mask=live[:, None] & lane[None, :])
+    beta = tl.load(beta_ptr + rows[:, None] * stride_b + heads[None, :], mask=live[:, None] & lane[None, :], other=0.0)
+    tl.store(beta_out_ptr + out, beta.to(tl.float32), mask=live[:, None] & lane[None, :])

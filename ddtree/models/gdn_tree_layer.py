@@ -203,6 +203,10 @@ def mix_inputs_after_conv(mixed: Tensor, a: Tensor, beta: Tensor, a_log: Tensor,
 # Whether ``tree_mix_triton`` runs the tree conv as its own Triton kernel (``gdn_tree_triton.tree_conv``)
 # rather than inside the compiled prologue (where Inductor builds it from the gathers).
 TRITON_CONV = True
+# Whether ``tree_mix_triton`` runs everything before the delta rule as two Triton kernels (the tree conv with
+# each head's split, l2 norm and cast, ``gdn_tree_triton.tree_conv_heads``; the decay, ``tree_decay``) where
+# the heads fit, rather than the Triton conv and a compiled prologue of several kernels.
+FUSED_PROLOGUE = True
 
 
 def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
@@ -215,10 +219,15 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits).
     ``conv_copy`` [n, C] receives x and ``updates_out`` [n, H, dv] the updates, written by the kernels
     themselves, and ``keys_out`` [n, Hk, dk] and ``log_decay_out`` [n, H] the keys and the log decay,
-    written by the compiled prologue (the fast path's commit stash, without a copy per layer); the
-    returned keys and log decay are then those tensors."""
+    written by the kernels before the rule (``FUSED_PROLOGUE``) or the compiled prologue (the fast path's
+    commit stash, without a copy per layer); the returned keys and log decay are then those tensors."""
     outs = (keys_out, log_decay_out)
-    if TRITON_CONV:
+    if TRITON_CONV and FUSED_PROLOGUE and gdn_tree_triton.heads_fit(dk, key_dim, x.shape[-1]):
+        q, k, v = gdn_tree_triton.tree_conv_heads(x, window, weight, bias, taps, key_dim, dk, copy=conv_copy,
+                                                  keys_out=keys_out)
+        v = v.view(x.shape[0], a.shape[1], -1)
+        gamma, beta = gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=log_decay_out)
+    elif TRITON_CONV:
         mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps, copy=conv_copy)
         q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk,
                                                                      *outs)

@@ -168,3 +168,92 @@ def tree_conv(
         COPY=copy is not None, BN=block_nodes, BC=block_channels,
     )
     return out
+
+
+def heads_fit(dk: int, key_dim: int, channels: int) -> bool:
+    """Whether ``tree_conv_heads`` serves a layer: heads of a power-of-two ``dk`` >= 16 tile the q, k and v
+    channels exactly."""
+    return dk >= 16 and not dk & (dk - 1) and key_dim % dk == 0 and (channels - 2 * key_dim) % dk == 0
+
+
+def tree_conv_heads(
+    x: Tensor,  # [n, C] pre-conv inputs, C = 2 key_dim + value_dim
+    window: Tensor,  # [C, K] committed conv window
+    weight: Tensor,  # [C, K] depthwise kernel
+    bias: Tensor | None,  # [C]
+    taps: Tensor,  # [n, K] ``conv_taps``
+    key_dim: int,
+    dk: int,
+    block_nodes: int = 16,
+    copy: Tensor | None = None,  # [n, C] contiguous, x's dtype: also receives x, row for row
+    keys_out: Tensor | None = None,  # [n, key_dim / dk, dk] contiguous, float32: where the keys go
+) -> tuple[Tensor, Tensor, Tensor]:  # q, k [n, key_dim / dk, dk], v [n, C - 2 key_dim], float32
+    """``tree_conv`` and the split, l2 norms and float32 casts of ``gdn_tree_layer.mix_inputs_after_conv``
+    as one kernel, a program per tile of nodes and one head: q (l2-normalised, times dk^-1/2), k
+    (l2-normalised) and v, as the delta rule reads them. The conv's output is rounded to x's dtype
+    first, as the layer stores it. Needs ``heads_fit(dk, key_dim, C)``.
+
+    >>> q, k, v = tree_conv_heads(x, window, weight, None, taps, key_dim=2048, dk=128)   # doctest: +SKIP
+    """
+    n, c = x.shape
+    if not heads_fit(dk, key_dim, c):
+        raise ValueError(f"heads of {dk} channels do not tile key_dim {key_dim} and {c} channels (need a power "
+                         "of two >= 16 that divides both)")
+    q = torch.empty(n, key_dim // dk, dk, dtype=torch.float32, device=x.device)
+    if keys_out is None:
+        keys_out = torch.empty_like(q)
+    elif keys_out.shape != q.shape or keys_out.dtype != torch.float32 or not keys_out.is_contiguous():
+        raise ValueError(f"keys_out must be a contiguous {tuple(q.shape)} float32 tensor, got "
+                         f"{tuple(keys_out.shape)} {keys_out.dtype}")
+    v = torch.empty(n, c - 2 * key_dim, dtype=torch.float32, device=x.device)
+    if copy is not None and (copy.shape != x.shape or copy.dtype != x.dtype or not copy.is_contiguous()):
+        raise ValueError(f"copy must be a contiguous {tuple(x.shape)} {x.dtype} tensor, got {tuple(copy.shape)} "
+                         f"{copy.dtype}")
+    if n == 0:
+        return q, keys_out, v
+    x = x if x.stride(1) == 1 else x.contiguous()
+    k = weight.shape[-1]
+    weight = weight.contiguous()
+    _kernels().tree_conv_heads_kernel[(-(-n // block_nodes), c // dk)](
+        x, window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(), q,
+        keys_out, v, x if copy is None else copy, n, c, key_dim, x.stride(0), dk**-0.5, 1e-6, K=k,
+        HAS_BIAS=bias is not None, COPY=copy is not None, BN=block_nodes, DK=dk,
+    )
+    return q, keys_out, v
+
+
+def tree_decay(
+    a: Tensor,  # [n, H] in_proj_a output (rows may be strided)
+    beta: Tensor,  # [n, H] sigmoid of in_proj_b, model dtype
+    a_log: Tensor,  # [H]
+    dt_bias: Tensor,  # [H]
+    anc: Tensor,  # [n, n] bool, ``ancestor_matrix``
+    gamma_out: Tensor | None = None,  # [n, H] contiguous float32: where gamma goes
+    block_nodes: int = 16,
+    block_cols: int = 32,
+) -> tuple[Tensor, Tensor]:  # gamma, beta [n, H] float32
+    """The path-summed log decay ``gamma = anc @ g`` with ``g = -exp(A_log) softplus(a + dt_bias)``, and beta
+    in float32, as ``gdn_tree_layer.mix_inputs_after_conv`` computes them, in one kernel.
+
+    >>> gamma, beta32 = tree_decay(a, beta, module.A_log, module.dt_bias, anc)   # doctest: +SKIP
+    """
+    n, h = a.shape
+    gamma = torch.empty(n, h, dtype=torch.float32, device=a.device) if gamma_out is None else gamma_out
+    if gamma.shape != (n, h) or gamma.dtype != torch.float32 or not gamma.is_contiguous():
+        raise ValueError(f"gamma_out must be a contiguous {(n, h)} float32 tensor, got {tuple(gamma.shape)} "
+                         f"{gamma.dtype}")
+    beta_out = torch.empty(n, h, dtype=torch.float32, device=a.device)
+    if n == 0:
+        return gamma, beta_out
+    a = a if a.stride(1) == 1 else a.contiguous()
+    beta = beta if beta.stride(1) == 1 else beta.contiguous()
+    anc = anc.contiguous().view(torch.int8)
+    _kernels().tree_decay_kernel[(-(-n // block_nodes),)](
+        a, beta, a_log.contiguous(), dt_bias.contiguous(), anc, gamma, beta_out, h, a.stride(0), beta.stride(0),
+        anc.stride(0), N=n, BN=block_nodes, BJ=block_cols, HP=max(16, _next_power_of_2(h)),
+    )
+    return gamma, beta_out
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()

@@ -158,9 +158,13 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         """Which kernels run where: the prompt's GDN layers (Transformers' forward: flash-linear-attention's
         kernels when installed, ``pip install ddtree[gdn]``, else its torch fallback) and the tree verify."""
         fla = importlib.util.find_spec("fla") is not None
+        first = self.gdn_modules[self.gdn_layers[0]]
         return {
             "prefill": "flash-linear-attention" if fla else "torch fallback (install the gdn extra for its kernels)",
-            "verify": ("Triton tree conv and delta rule" if self.triton and gdn_tree_layer.TRITON_CONV
+            "verify": ("Triton tree conv (with the head norms), decay and delta rule"
+                       if self.triton and gdn_tree_layer.TRITON_CONV and gdn_tree_layer.FUSED_PROLOGUE
+                       and gdn_tree_triton.heads_fit(first.head_k_dim, first.key_dim, first.conv_dim)
+                       else "Triton tree conv and delta rule" if self.triton and gdn_tree_layer.TRITON_CONV
                        else "torch.compile'd tree conv, Triton tree delta rule" if self.triton
                        else "torch.compile'd tree conv and delta rule" if self.fuse
                        else "torch tree conv and delta rule") + (", CUDA graphs" if self.cuda_graphs else "")

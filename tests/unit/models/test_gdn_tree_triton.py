@@ -88,8 +88,10 @@ def test_tree_conv_kernel_matches_the_torch_tree_conv(interpreted, n, channels, 
     torch.testing.assert_close(copy, x, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("conv_kernel", [True, False], ids=["triton-conv", "compiled-conv"])
-def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted, monkeypatch, conv_kernel):
+@pytest.mark.parametrize("conv_kernel, fused_prologue", [(True, True), (True, False), (False, False)],
+                         ids=["fused-prologue", "triton-conv", "compiled-conv"])
+def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted, monkeypatch, conv_kernel,
+                                                                    fused_prologue):
     """``tree_mix_triton`` against ``tree_mix`` (the torch math) on a random forest, float32, with every
     stash output given as the fast path gives them (rows of ``[G, n, ...]`` slabs): the same out, keys,
     updates and log decay, and the slabs hold x, the keys, the updates and the log decay themselves."""
@@ -99,6 +101,7 @@ def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted,
     monkeypatch.setattr(fused, "BACKEND", "eager")  # dynamo traces the writes; Inductor is the GPU suite's
     monkeypatch.setattr(fused, "_COMPILED", {})
     monkeypatch.setattr(layer, "TRITON_CONV", conv_kernel)
+    monkeypatch.setattr(layer, "FUSED_PROLOGUE", fused_prologue)
     gen = torch.Generator().manual_seed(3)
     n, h, hk, dk, dv, k = 19, 4, 2, 16, 32, 4
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
@@ -118,3 +121,78 @@ def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted,
     for name, want in [("conv_copy", args[0]), ("keys_out", got[1]), ("updates_out", got[2]), ("log_decay_out", got[3])]:
         torch.testing.assert_close(stash[name][slot], want, atol=0, rtol=0)
         assert stash[name][[0, 2]].isnan().all()  # the other layers' rows untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, dk, dv, bias, strided", [(1, 16, 16, False, False), (19, 16, 48, True, True),
+                                                      (37, 32, 32, False, False)])
+def test_tree_conv_heads_matches_the_conv_and_the_compiled_prologue(interpreted, n, dk, dv, bias, strided, dtype):
+    """``tree_conv_heads`` against ``tree_causal_conv1d`` then ``mix_inputs_after_conv``'s split, l2 norms
+    and casts (torch math) on random forests: q, k and v in float32 to 1e-6 (bf16: the same rounding of the
+    conv output, then float32 math, to one bf16 rounding as the conv's test allows: Triton's interpreter rounds
+    bf16 its own way); the keys written into a given tensor and x into ``copy``, bit for bit."""
+    from ddtree.models.gdn_tree_layer import mix_inputs_after_conv
+
+    gen = torch.Generator().manual_seed(n + dk)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    if n > 7:
+        parents[7] = -1
+    hk, h, k = 2, 4, 4
+    key_dim, c = hk * dk, 2 * hk * dk + h * dv
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    x = r(n, c + 5)[:, 2:2 + c] if strided else r(n, c)
+    window, weight = r(c, k), r(c, k)
+    b = r(c) if bias else None
+    taps, anc = conv_taps(parents, k), ancestor_matrix(parents)
+    mixed = tree_causal_conv1d(x, None, window, weight, b, taps)
+    a, beta = r(n, h), torch.rand(n, h, generator=gen).to(dtype)
+    q, key, v, _, _ = mix_inputs_after_conv(mixed, a, beta, torch.zeros(h), torch.zeros(h), anc, key_dim, dk)
+    keys, copy = torch.full((n, hk, dk), float("nan")), torch.full((n, c), float("nan"), dtype=dtype)
+    got_q, got_k, got_v = gdn_tree_triton.tree_conv_heads(x, window, weight, b, taps, key_dim, dk, copy=copy,
+                                                          keys_out=keys)
+    assert got_k is keys and got_q.dtype == got_v.dtype == torch.float32
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=1.6e-2)
+    torch.testing.assert_close(got_q, q, **tol)
+    torch.testing.assert_close(got_k, key, **tol)
+    torch.testing.assert_close(got_v.view(n, h, dv), v, **tol)
+    torch.testing.assert_close(copy, x, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("n, h, strided", [(1, 4, False), (19, 48, True), (70, 5, False)])
+def test_tree_decay_matches_the_torch_decay(interpreted, n, h, strided):
+    """``tree_decay`` against ``mix_inputs_after_conv``'s gamma = anc @ g and beta in float32, on random
+    forests with a past 20 (softplus is x there) and far below 0 (log1p of a tiny exp), bf16 inputs as the
+    fast path gives them (a strided column view of a fused projection)."""
+    from ddtree.models.gdn_tree_layer import mix_inputs_after_conv
+
+    gen = torch.Generator().manual_seed(n + h)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    if n > 7:
+        parents[7] = -1
+    anc = ancestor_matrix(parents)
+    a = (8 * torch.randn(n, h + 3, generator=gen))[:, 1:1 + h] if strided else 8 * torch.randn(n, h, generator=gen)
+    a[0, 0], a[-1, -1] = 30.0, -40.0
+    a = a.to(torch.bfloat16)
+    beta = torch.rand(n, h, generator=gen).to(torch.bfloat16)
+    a_log, dt_bias = torch.randn(h, generator=gen), torch.randn(h, generator=gen).to(torch.bfloat16)
+    mixed = torch.zeros(n, 16 * (2 + h), dtype=torch.bfloat16)  # one key head, a value head of 16 per head
+    *_, gamma, beta32 = mix_inputs_after_conv(mixed, a, beta, a_log, dt_bias, anc, 16, 16)
+    out = torch.full((n, h), float("nan"))
+    got_gamma, got_beta = gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=out)
+    assert got_gamma is out
+    torch.testing.assert_close(got_gamma, gamma, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_beta, beta32, atol=0, rtol=0)
+
+
+def test_tree_conv_heads_and_tree_decay_refuse_what_does_not_fit():
+    x = torch.zeros(2, 3 * 24)
+    with pytest.raises(ValueError, match="do not tile"):
+        gdn_tree_triton.tree_conv_heads(x, torch.zeros(72, 4), torch.zeros(72, 4), None,
+                                        torch.zeros(2, 4, dtype=torch.long), key_dim=24, dk=24)
+    with pytest.raises(ValueError, match="keys_out must be a contiguous"):
+        gdn_tree_triton.tree_conv_heads(torch.zeros(2, 64), torch.zeros(64, 4), torch.zeros(64, 4), None,
+                                        torch.zeros(2, 4, dtype=torch.long), key_dim=16, dk=16,
+                                        keys_out=torch.zeros(2, 1, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="gamma_out must be a contiguous"):
+        gdn_tree_triton.tree_decay(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(4), torch.zeros(4),
+                                   torch.eye(2, dtype=torch.bool), gamma_out=torch.zeros(4, 2).t())
