@@ -60,7 +60,10 @@ def rule_options(n: int, precision: str) -> dict:
     ========  =========================  =========================  ===========================
 
     One launch only for a single tf32 node; 32-row blocks past 128 nodes. 64-row blocks (tf32 split)
-    took 128.6 us at 257 and 36.6 at 65 (``docs/results/gdn_kernels_tree_conv_h100.json``).
+    took 128.6 us at 257 and 36.6 at 65 (``docs/results/gdn_kernels_tree_conv_h100.json``). Value blocks
+    of 64 (tf32 split, 16 / 32-row blocks) took 6.9 / 8.7 us at 1, 26.4 / 27.6 at 65 and 167.3 / 110.8 at
+    257, against 6.6 / 10.0, 26.9 / 31.2 and 163.9 / 112.0 with 32 in the same H100 run: within noise of the
+    blocks picked here, so the default of 32 stays (``docs/results/gdn_kernels_fused_prologue_h100.json``).
 
     >>> rule_options(257, "tf32")
     {'block': 32, 'split': True}
