@@ -458,6 +458,33 @@ class LockstepDrafter:
 
 
 @contextlib.contextmanager
+def _scalar_loop_bounds() -> Iterator[None]:
+    """Triton's interpreter (3.5 and 3.6) takes a runtime scalar as a loop bound (``range(0, n, BN)``) through
+    ``int()`` of a one-element array, which NumPy refuses from 2.4 on ("only 0-dimensional arrays can be
+    converted to Python scalars"). Inside the block it reads the element instead. Where the interpreter
+    has no such hook, nothing changes."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        yield
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        yield
+        return
+
+    def patch(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patch
+    try:
+        yield
+    finally:
+        interpreter._patch_lang_tensor = original
+
+
+@contextlib.contextmanager
 def triton_interpreted(module: str, *loaders) -> Iterator[None]:
     """Run the Triton kernels of ``module`` (a module name, imported lazily through the
     ``functools.cache``d ``loaders``) by Triton's interpreter on the CPU inside the context:
@@ -478,7 +505,8 @@ def triton_interpreted(module: str, *loaders) -> Iterator[None]:
     os.environ["TRITON_INTERPRET"] = "1"
     forget()
     try:
-        yield
+        with _scalar_loop_bounds():
+            yield
     finally:
         forget()
         if previous is None:
