@@ -9,7 +9,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _add(a, b):  # tl.reduce's combine: the standard library's tl.sum runs in the interpreter only if it was on at import
+def _add(a, b):  # tl.reduce's combine (tl.sum runs in the interpreter only if it was on when Triton was imported)
     return a + b
 
 
@@ -171,15 +171,13 @@ def tree_solve_kernel(
 
 
 @triton.jit
-def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, copy_ptr, n, C, stride_x,
-                     K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr, BN: tl.constexpr,
-                     BC: tl.constexpr):
-    """``gdn_tree.tree_causal_conv1d`` for a [BN, BC] tile of nodes x channels: tap m of node i reads row
-    ``taps[i, m]`` of cat(window^T, x) (the window [C, K] where the row is < K, else x [n, C]); the
-    products summed in float32 in tap order, plus the bias, rounded to the weight dtype, then SiLU.
-    With ``COPY`` the tile's own rows of x are also stored, unchanged, at ``copy_ptr`` ([n, C])."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+def conv_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, copy_ptr, rows, cols, n, C, stride_x,
+              K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
+    """``gdn_tree.tree_causal_conv1d`` for a [BN, BC] tile of nodes ``rows`` x channels ``cols``, in the weight
+    dtype: tap m of node i reads row ``taps[i, m]`` of cat(window^T, x) (the window [C, K] where the row is
+    < K, else x [n, C]); the products summed in float32 in tap order, plus the bias, rounded to the weight
+    dtype, then SiLU. With ``COPY`` the tile's own rows of x are also stored, unchanged, at ``copy_ptr``
+    ([n, C])."""
     live, lane = rows < n, cols < C
     both = live[:, None] & lane[None, :]
     acc = tl.full((BN, BC), 0.0, tl.float32)
@@ -199,42 +197,36 @@ def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr,
         tl.store(copy_ptr + rows[:, None] * C + cols[None, :], own, mask=both)
     y = acc.to(weight_ptr.dtype.element_ty).to(tl.float32)
     y = y / (1.0 + tl.exp(-y))
-    tl.store(out_ptr + rows[:, None] * C + cols[None, :], y.to(weight_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty),
-             mask=both)
+    return y.to(weight_ptr.dtype.element_ty)
+
+
+@triton.jit
+def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr, copy_ptr, n, C, stride_x,
+                     K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr, BN: tl.constexpr,
+                     BC: tl.constexpr):
+    """``conv_tile`` over a program's [BN, BC] tile of nodes x channels, stored at ``out_ptr`` ([n, C])."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    y = conv_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, copy_ptr, rows, cols, n, C, stride_x, K,
+                  HAS_BIAS, COPY, BN, BC)
+    tl.store(out_ptr + rows[:, None] * C + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=(rows < n)[:, None] & (cols < C)[None, :])
 
 
 @triton.jit
 def tree_conv_heads_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, n, C,
                            KEY, stride_x, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr,
                            BN: tl.constexpr, DK: tl.constexpr):
-    """``tree_conv_kernel`` over one head's ``DK`` channels, and what the GDN layer does next to them: the
-    output rounded as the conv's, then in float32 the l2 norm of a query or key head (times ``scale`` for a
-    query), stored at ``q_ptr`` / ``k_ptr`` ([n, KEY]), or the value head as it is at ``v_ptr``
-    ([n, C - 2 KEY])."""
+    """``conv_tile`` over one head's ``DK`` channels, and what the GDN layer does next to them: the output
+    rounded as the conv's, then in float32 the l2 norm of a query or key head (times ``scale`` for a query),
+    stored at ``q_ptr`` / ``k_ptr`` ([n, KEY]), or the value head as it is at ``v_ptr`` ([n, C - 2 KEY])."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     start = tl.program_id(1) * DK
     cols = start + tl.arange(0, DK)
     live = rows < n
-    acc = tl.full((BN, DK), 0.0, tl.float32)
-    for m in tl.static_range(K):
-        t = tl.load(taps_ptr + rows * K + m, mask=live, other=0)
-        in_x = t >= K
-        from_x = tl.load(x_ptr + (t - K)[:, None] * stride_x + cols[None, :], mask=live[:, None] & in_x[:, None],
-                         other=0.0)
-        from_window = tl.load(window_ptr + cols[None, :] * K + t[:, None], mask=live[:, None] & ~in_x[:, None],
-                              other=0.0)
-        row = tl.where(in_x[:, None], from_x.to(weight_ptr.dtype.element_ty),
-                       from_window.to(weight_ptr.dtype.element_ty))
-        w = tl.load(weight_ptr + cols * K + m).to(tl.float32)
-        acc = acc + row.to(tl.float32) * w[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    if COPY:
-        own = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=live[:, None], other=0.0)
-        tl.store(copy_ptr + rows[:, None] * C + cols[None, :], own, mask=live[:, None])
-    y = acc.to(weight_ptr.dtype.element_ty).to(tl.float32)
-    y = y / (1.0 + tl.exp(-y))
-    y = y.to(weight_ptr.dtype.element_ty).to(x_ptr.dtype.element_ty).to(tl.float32)  # the conv's output, as stored
+    y = conv_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, copy_ptr, rows, cols, n, C, stride_x, K,
+                  HAS_BIAS, COPY, BN, DK)
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # the conv's output, as stored
     if start < 2 * KEY:
         y = y * tl.rsqrt(tl.reduce(y * y, 1, _add) + eps)[:, None]
         if start < KEY:

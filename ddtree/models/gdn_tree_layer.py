@@ -209,6 +209,11 @@ TRITON_CONV = True
 FUSED_PROLOGUE = True
 
 
+def fused_prologue(dk: int, key_dim: int, channels: int) -> bool:
+    """Whether ``tree_mix_triton`` runs the two-kernel prologue for a layer of these sizes (``FUSED_PROLOGUE``)."""
+    return TRITON_CONV and FUSED_PROLOGUE and gdn_tree_triton.heads_fit(dk, key_dim, channels)
+
+
 def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
                     weight: Tensor, bias: Tensor | None, initial: Tensor, taps: Tensor, anc: Tensor, key_dim: int,
                     value_dim: int, dk: int, conv_copy: Tensor | None = None, updates_out: Tensor | None = None,
@@ -222,7 +227,7 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     written by the kernels before the rule (``FUSED_PROLOGUE``) or the compiled prologue (the fast path's
     commit stash, without a copy per layer); the returned keys and log decay are then those tensors."""
     outs = (keys_out, log_decay_out)
-    if TRITON_CONV and FUSED_PROLOGUE and gdn_tree_triton.heads_fit(dk, key_dim, x.shape[-1]):
+    if fused_prologue(dk, key_dim, x.shape[-1]):
         q, k, v = gdn_tree_triton.tree_conv_heads(x, window, weight, bias, taps, key_dim, dk, copy=conv_copy,
                                                   keys_out=keys_out)
         v = v.view(x.shape[0], a.shape[1], -1)

@@ -173,6 +173,16 @@ def tree_conv(
     return out
 
 
+def tile(n: int) -> int:
+    """``n`` rounded up to a power of two, at least 16: the side of a Triton tile that holds n (a dot's
+    smallest).
+
+    >>> tile(48), tile(128), tile(5)
+    (64, 128, 16)
+    """
+    return max(16, 1 << max(n - 1, 0).bit_length())
+
+
 def heads_fit(dk: int, key_dim: int, channels: int) -> bool:
     """Whether ``tree_conv_heads`` serves a layer: heads of a power-of-two ``dk`` >= 16 tile the q, k and v
     channels exactly."""
@@ -253,10 +263,6 @@ def tree_decay(
     anc = anc.contiguous().view(torch.int8)
     _kernels().tree_decay_kernel[(-(-n // block_nodes),)](
         a, beta, a_log.contiguous(), dt_bias.contiguous(), anc, gamma, beta_out, h, a.stride(0), beta.stride(0),
-        anc.stride(0), N=n, BN=block_nodes, BJ=block_cols, HP=max(16, _next_power_of_2(h)),
+        anc.stride(0), N=n, BN=block_nodes, BJ=block_cols, HP=tile(h),
     )
     return gamma, beta_out
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()

@@ -38,7 +38,7 @@ from torch import Tensor
 from ddtree.models.fused import recompile_limit
 # Whether a Triton kernel can run on a device (Triton installed, a CUDA GPU): the one check the GDN
 # kernels use too. The tests run ``triton_merge`` on the CPU through Triton's interpreter.
-from ddtree.models.gdn_tree_triton import available as triton_available
+from ddtree.models.gdn_tree_triton import available as triton_available, tile
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def padded_head_dim(d: int) -> int:
     >>> padded_head_dim(96), padded_head_dim(128), padded_head_dim(8)
     (128, 128, 16)
     """
-    return max(16, 1 << (d - 1).bit_length())
+    return tile(d)
 
 
 def merge_tiles(m: int, d: int) -> tuple[int, int, int]:
