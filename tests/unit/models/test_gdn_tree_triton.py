@@ -111,9 +111,13 @@ def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted,
     args = (r(n, c), r(n, h), torch.rand(n, h, generator=gen), r(h), r(h), r(c, k), r(c, k), None, r(h, dk, dv),
             conv_taps(parents, k), ancestor_matrix(parents), hk * dk, h * dv, dk)
     out, keys, updates, log_decay, _ = layer.tree_mix(*args)
+    calls = []  # which prologue ran: the two-kernel one calls tree_decay
+    monkeypatch.setattr(gdn_tree_triton, "tree_decay",
+                        lambda *a, _decay=gdn_tree_triton.tree_decay, **k: calls.append(1) or _decay(*a, **k))
     slot, nan = 1, lambda *shape: torch.full((3, n, *shape), float("nan"))  # noqa: E731
     stash = dict(conv_copy=nan(c), updates_out=nan(h, dv), keys_out=nan(hk, dk), log_decay_out=nan(h))
     got = layer.tree_mix_triton(*args, **{name: slab[slot] for name, slab in stash.items()})
+    assert bool(calls) == (conv_kernel and fused_prologue) == layer.fused_prologue(dk, hk * dk, c)
     tol = dict(atol=1e-5, rtol=1e-5)
     for want, have in zip((out, keys, updates, log_decay), got[:4]):
         torch.testing.assert_close(have, want, **tol)
