@@ -3,11 +3,12 @@
 Eager Transformers is launch-bound at batch 1; a DDTree round always verifies 1 + B tokens, so
 the verify forward has a static shape per budget and can be replayed from a CUDA graph.
 
-A transformers ``StaticLayer`` writes at its own running length (a device counter it advances
-in place, also inside a graph), never at a position passed in. So a verify of n tokens at
-committed length P writes rows P..P+n-1; the commit then moves the accepted rows to P..P+a-1
-and sets every counter to P + a. Keys beyond the committed length hold stale rows, which the
-mask hides. The mask is ``[1, 1, groups * n, W]``: W, the live width rounded up to a multiple of
+The K/V of all layers live in one slab (``StaticKV``, ``[layers, kv_heads, max_length, head_dim]``):
+a forward writes its rows at a device index computed once for all layers (inside a graph, from
+the prefix length P written into the graph's buffer before each replay), so a verify of n tokens
+at committed length P writes rows P..P+n-1; the commit then moves the accepted rows of every layer
+to P..P+a-1 with one gather and one scatter. Keys beyond the committed length hold stale rows,
+which the mask hides. The mask is ``[1, 1, groups * n, W]``: W, the live width rounded up to a multiple of
 ``width_step``, tells the attention (``ddtree.models.attention``) how many cache rows to read,
 and its rows are repeated once per query head sharing a K/V head, so no K/V copy is made. One
 graph is kept per (n, W), each with its own memory pool (graphs that share one cannot be
@@ -38,13 +39,13 @@ from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, StaticCache
-from transformers.cache_utils import StaticLayer
+from transformers import PreTrainedModel
 
 from ddtree.models import fused
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.folded_mask import FoldedMasks
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
+from ddtree.models.static_kv import StaticKV
 from ddtree.models.target import HFTarget, to_sink
 from ddtree.types import TargetOutput, VerifyInputs
 
@@ -54,20 +55,24 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class _VerifyGraph:
     """One captured verify of n tokens over W cache rows (or over a ``FlexLayout``), with every
-    buffer it reads or writes: the inputs are copied into ``ids`` and ``positions`` and the mask
-    rewritten in ``mask`` (a layout's P and visibility) before each replay; ``logits``
+    buffer it reads or writes: the inputs are copied into ``ids`` and ``positions``, P into ``past``
+    and the mask rewritten in ``mask`` (a layout's P and visibility) before each replay; ``logits``
     ``[n, vocab]`` and ``taps`` are overwritten by it."""
 
     graph: torch.cuda.CUDAGraph
     ids: Tensor  # [1, n]
     positions: Tensor  # [1, n]
+    past: Tensor  # [] P: the graph writes the K/V of its n tokens at rows P..P+n-1 (a layout's own P)
+    steps: Tensor  # [n] 0..n-1, read by the graph (kept here: a freed buffer would be reused under it)
+    rows: Tensor  # [n] P + steps, written and read by the graph
     mask: Tensor | FlexLayout  # [1, 1, groups * n, W], or the layout whose tables the graph rebuilds
     logits: Tensor
     taps: Tensor | None
 
 
 class StaticTarget(FlexChoice, HFTarget):
-    """``HFTarget`` over a ``StaticCache`` of ``max_length`` rows, optionally CUDA-graphed.
+    """``HFTarget`` over one static K/V slab of ``max_length`` rows (``StaticKV``), optionally CUDA-graphed.
+    The whole model on one device (a model over several: ``HFTarget``), full-attention layers only.
 
     ``cuda_graphs=None`` captures graphs when the model lives on one CUDA device. ``attention``:
     ``"dense"`` (masked SDPA), ``"flex"`` (block-sparse FlexAttention for every verify), or
@@ -98,7 +103,12 @@ class StaticTarget(FlexChoice, HFTarget):
         self.width_step = width_step
         self.groups = self.config.num_attention_heads // self.config.num_key_value_heads
         devices = {p.device for p in model.parameters()}
-        one_cuda = len(devices) == 1 and next(iter(devices)).type == "cuda"
+        if len(devices) != 1:
+            raise ValueError(
+                f"StaticTarget keeps every layer's K/V in one slab on one device; the model spans "
+                f"{sorted(map(str, devices))}. Use HFTarget for a model split over devices"
+            )
+        one_cuda = next(iter(devices)).type == "cuda"
         if cuda_graphs and not one_cuda:
             raise ValueError("CUDA graphs need the whole target on one CUDA device; pass cuda_graphs=False")
         self.cuda_graphs = one_cuda if cuda_graphs is None else cuda_graphs
@@ -106,10 +116,19 @@ class StaticTarget(FlexChoice, HFTarget):
         fuse_projections = self.cuda_graphs if fuse_projections is None else bool(fuse_projections)
         self.fused_projections = fused.fuse_projections(model) if fuse_projections else 0
         self._probed = False  # whether the fused functions were compiled once (``_probe_compiler``)
-        self.cache = StaticCache(config=model.config, max_cache_len=self.max_length)
+        cfg, layers = self.config, len(self.layers)
+        kinds = set(getattr(cfg, "layer_types", None) or ("full_attention",))
+        if kinds != {"full_attention"}:
+            raise NotImplementedError(
+                f"the model's layers are {sorted(kinds)}: StaticTarget handles full attention only (no sliding "
+                "windows, no recurrent layers); use HybridTarget or StaticHybridTarget for Qwen3.5/3.6, HFTarget else"
+            )
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv = StaticKV(layers, cfg.num_key_value_heads, self.max_length, head_dim, self.dtype,
+                           next(iter(devices)), slots={i: i for i in range(layers)})
+        self.cache = self.kv  # what the model's attention layers update: every layer's K/V in one slab
         self.masks = FoldedMasks(self.groups, width_step, self.max_length, self.dtype, self.input_device)
         self._graphs: dict[tuple[int, int], _VerifyGraph] = {}
-        self._counters: list[Tensor] = []
 
     def _forward(self, ids: Tensor, positions: Tensor, mask, logits_to_keep: int) -> TargetOutput:
         if self.fuse and not self._probed:
@@ -134,19 +153,14 @@ class StaticTarget(FlexChoice, HFTarget):
             self._flex_graphs.clear()
         super().set_taps(layers)
 
-    def new_cache(self) -> StaticCache:
-        # The buffers are reused across prompts (graphs hold their addresses): reset, not rebuild.
-        self.cache.reset()
-        return self.cache
+    def new_cache(self) -> StaticKV:
+        # The slab is reused across prompts (graphs hold its address); rows past the prefix are masked.
+        self.kv.length = 0
+        return self.kv
 
-    def _check_cache(self) -> None:
-        for i, layer in enumerate(self.cache.layers):
-            if type(layer) is not StaticLayer:
-                raise NotImplementedError(
-                    f"cache layer {i} is a {type(layer).__name__}: StaticTarget handles full attention only "
-                    "(no sliding windows, no recurrent layers)"
-                )
-        self._counters = [layer.cumulative_length for layer in self.cache.layers]
+    def _rows(self, start: int, n: int) -> StaticKV:
+        """The slab, set to write the next forward's n rows at start..start+n-1 (eager forwards)."""
+        return self.kv.at(torch.arange(start, start + n, device=self.kv.keys.device))
 
     def prefill(self, input_ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
         """The prompt into the static cache; logits of its last row. With ``taps_sink`` the taps go
@@ -160,9 +174,9 @@ class StaticTarget(FlexChoice, HFTarget):
         if self._uses_flex(n):
             out = self._chunked_prefill(ids, taps_sink)
         else:
+            self._rows(0, n)
             out = to_sink(self._forward(ids, torch.arange(n)[None], self.masks.prefill(n), logits_to_keep=1), taps_sink)
-        self._check_cache()
-        self.past_length = n
+        self.past_length = self.kv.length = n
         return out
 
     def _chunked_prefill(self, ids: Tensor, taps_sink: Callable[[Tensor], None] | None = None) -> TargetOutput:
@@ -190,12 +204,14 @@ class StaticTarget(FlexChoice, HFTarget):
             return part
 
         if head:
+            self._rows(0, head)
             out = keep(self._forward(ids[:, :head], torch.arange(head)[None], self.masks.prefill(head), logits_to_keep=1), 0)
         if head < n:
             layout = self._layout(chunk)
             causal = torch.ones(chunk, chunk, dtype=torch.bool, device=self.input_device).tril()
             for start in range(head, n, chunk):
                 layout.set(start, causal)
+                self.kv.at(layout.rows)  # start..start+chunk-1, as the layout computed them
                 positions = torch.arange(start, start + chunk)[None]
                 out = keep(self._forward(ids[:, start : start + chunk], positions, layout.block_mask, logits_to_keep=1),
                            start)
@@ -209,6 +225,7 @@ class StaticTarget(FlexChoice, HFTarget):
             return self._flex_tree(inputs)
         mask = self.masks.verify(n, inputs.attention_mask, past)
         if not self.cuda_graphs:
+            self._rows(past, n)
             return self._forward(inputs.input_ids, inputs.position_ids, mask, logits_to_keep=0)
         key = (n, mask.shape[-1])
         if key not in self._graphs:
@@ -218,6 +235,7 @@ class StaticTarget(FlexChoice, HFTarget):
             raise RuntimeError(f"the verify graph for {key} reads another mask buffer than the one written")
         rec.ids.copy_(inputs.input_ids, non_blocking=True)
         rec.positions.copy_(inputs.position_ids, non_blocking=True)
+        rec.past.fill_(past)
         rec.graph.replay()
         return TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps)
 
@@ -229,6 +247,7 @@ class StaticTarget(FlexChoice, HFTarget):
         layout, visible = self._layout(n), self._visibility(inputs)
         if not self.cuda_graphs:
             layout.set(past, visible.to(layout.visible.device))
+            self.kv.at(layout.rows)
             return self._forward(inputs.input_ids, inputs.position_ids, layout.block_mask, logits_to_keep=0)
         layout.past.fill_(past)
         layout.visible.copy_(visible, non_blocking=True)
@@ -241,17 +260,21 @@ class StaticTarget(FlexChoice, HFTarget):
         return TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps)
 
     def _record_graph(self, n: int, mask: Tensor | FlexLayout) -> "_VerifyGraph":
-        """Record one verify of n tokens (a layout's table rebuild first, inside the graph). Warm-up
-        runs write rows past the committed length only, and every counter is set back afterwards,
-        so capturing never disturbs the sequence."""
+        """Record one verify of n tokens (a layout's table rebuild first, inside the graph; the K/V
+        rows P..P+n-1 from the graph's P, also inside it). Warm-up runs write rows past the
+        committed length only, so capturing never disturbs the sequence."""
+        device = self.kv.keys.device
         ids = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
         positions = torch.zeros(1, n, dtype=torch.long, device=self.input_device)
-        start = self.past_length
+        past = mask.past if isinstance(mask, FlexLayout) else torch.full((), self.past_length, device=device)
+        steps, rows = torch.arange(n, device=device), torch.empty(n, dtype=torch.long, device=device)
 
         def verify() -> TargetOutput:
             if isinstance(mask, FlexLayout):
                 mask.refresh()
+                self.kv.at(mask.rows)
                 return self._forward(ids, positions, mask.block_mask, logits_to_keep=0)
+            self.kv.at(torch.add(past, steps, out=rows))
             return self._forward(ids, positions, mask, logits_to_keep=0)
 
         stream = torch.cuda.Stream()
@@ -259,26 +282,17 @@ class StaticTarget(FlexChoice, HFTarget):
         with torch.cuda.stream(stream):
             for _ in range(2):
                 verify()
-                self._set_counters(start)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = verify()
-        self._set_counters(start)
-        return _VerifyGraph(graph, ids, positions, mask, out.logits, out.taps)
-
-    def _set_counters(self, length: int) -> None:
-        torch._foreach_zero_(self._counters)  # two fused launches instead of one per layer
-        torch._foreach_add_(self._counters, length)
+        return _VerifyGraph(graph, ids, positions, past, steps, rows, mask, out.logits, out.taps)
 
     def commit(self, path: Sequence[int]) -> None:
-        """Move the accepted rows to P..P+a-1 in place and set the write counters to P + a."""
+        """Move the accepted rows of every layer to P..P+a-1 in place (one gather and one write a slab)."""
         past, a = self.past_length, len(path)
-        src = past + torch.as_tensor(path, dtype=torch.long)
         if list(path) != list(range(a)):  # a pure prefix is already in place
-            for layer in self.cache.layers:
-                idx = src.to(layer.keys.device, non_blocking=True)
-                layer.keys[:, :, past : past + a] = layer.keys.index_select(2, idx)
-                layer.values[:, :, past : past + a] = layer.values.index_select(2, idx)
-        self._set_counters(past + a)
-        self.past_length = past + a
+            src = (past + torch.as_tensor(path, dtype=torch.long)).to(self.kv.keys.device, non_blocking=True)
+            for slab in (self.kv.keys, self.kv.values):  # every layer at once: [layers, kv_heads, rows, head_dim]
+                slab[:, :, past : past + a] = slab.index_select(2, src)
+        self.past_length = self.kv.length = past + a

@@ -114,9 +114,10 @@ def test_static_commit_matches_dynamic_commit(tiny_models):
         t.commit(path)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     length = prompt.numel() + len(path)
-    for s_layer, d_layer in zip(static.cache.layers, dynamic.cache.layers):
-        torch.testing.assert_close(s_layer.keys[:, :, :length], d_layer.keys, atol=1e-5, rtol=1e-5)
-        assert int(s_layer.cumulative_length) == length
+    for slot, d_layer in enumerate(dynamic.cache.layers):  # one slab, a slot per layer
+        torch.testing.assert_close(static.kv.keys[slot, :, :length][None], d_layer.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(static.kv.values[slot, :, :length][None], d_layer.values, atol=1e-5, rtol=1e-5)
+    assert static.kv.length == length == static.cache.get_seq_length()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -151,3 +152,24 @@ def test_a_prefill_as_long_as_a_verify_leaves_that_verify_buffer_alone(tiny_mode
     assert (5, 16) in buffers and target.masks._buffers.keys() == buffers.keys()
     for key, buf in buffers.items():
         assert target.masks._buffers[key] is buf and torch.equal(buf, contents[key])
+
+
+def test_a_model_over_several_devices_is_refused_with_the_way_out():
+    """One K/V slab lives on one device: a model split over devices is refused, naming them and HFTarget."""
+    from ddtree.testing import tiny_target
+
+    model = tiny_target("qwen3")
+    model.model.layers[1].to("meta")  # a second device, as a device map would place a layer
+    with pytest.raises(ValueError, match=r"spans \['cpu', 'meta'\]\. Use HFTarget"):
+        StaticTarget(model, max_length=64, cuda_graphs=False)
+
+
+def test_sliding_window_layers_are_refused():
+    """A static slab holds plain K/V rows of full-attention layers; a sliding-window model is refused."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, layer_types=["full_attention", "sliding_attention"],
+                      sliding_window=8, use_sliding_window=True)
+    with pytest.raises(NotImplementedError, match="full attention only"):
+        StaticTarget(Qwen3ForCausalLM(cfg).eval(), max_length=64, cuda_graphs=False)
