@@ -74,7 +74,10 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
     """Per drafter of ``args.drafters``: the median graphed draft (CUDA events) after a prefill of
     ``prompt``, then one draft of the same drafter run op by op under the profiler. The DFlash
     draft absorbs a block of pending features first, as every round does; the MTP draft is the
-    static chain's (``steps`` head forwards and LM heads over one round's pairs)."""
+    static chain's (``steps`` head forwards and LM heads over one round's pairs). The DFlash drafter
+    reads its dense mask over the whole cache in both runs (``attention="dense"``): past 4096 rows that
+    is not what the loop's drafter runs (split attention, ``experiments/speed.py``'s draft stage); at
+    prompt 8192 on Qwen3.6-27B's geometry (one H100) it was 7.12 ms graphed here, speed.py's 3.16."""
     from ddtree.drafters.dflash import DFlashDrafter
     from ddtree.drafters.mtp_static import StaticChain
     from ddtree.models import MTPHead

@@ -74,7 +74,10 @@ class DFlashDrafter:
     ``fuse``: the drafter's norms, MLP activations and rotary run as compiled kernels (``ddtree.models.fused``),
     as the fast target's do, in its graph and in eager drafts; None (the default): on with CUDA graphs.
     On one H100 (Qwen3-8B geometry, prompt 512, ``experiments/speed.py``) it took the graphed draft
-    from 2.75 to 2.00 ms and a DDTree-64 round from 13.07 to 12.04.
+    from 2.75 to 2.00 ms and a DDTree-64 round from 13.07 to 12.04. ``fuse_projections`` (None: as
+    ``fuse``) stores each layer's q, k and v, and its MLP's gate and up, in one tensor a group
+    (``fused.fuse_projections``: the model's parameters become views of it); under ``fuse`` the block's
+    q, k and v are then one GEMM, the context's k and v one more, and the MLP's gate and up one.
 
     >>> drafter = DFlashDrafter(DFlashDraftModel.from_pretrained(path), target)   # doctest: +SKIP
     """
@@ -83,7 +86,7 @@ class DFlashDrafter:
 
     def __init__(self, model: DFlashDraftModel, target: Target, block_size: int | None = None,
                  max_length: int | None = None, cuda_graphs: bool | str = False, attention: str = "auto",
-                 flex_threshold: int = 4096, fuse: bool | None = None) -> None:
+                 flex_threshold: int = 4096, fuse: bool | None = None, fuse_projections: bool | None = None) -> None:
         check_pair(model, target)
         self.model, self.target = model.eval(), target
         self.block_size = block_size_for(model, block_size)
@@ -96,6 +99,8 @@ class DFlashDrafter:
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"  # "auto": on CUDA
         self.fuse = self.cuda_graphs if fuse is None else bool(fuse)
         self._fuse_probed = False
+        fuse_projections = self.fuse if fuse_projections is None else bool(fuse_projections)
+        self.fused_projections = fused.fuse_projections(model) if fuse_projections else 0
         cfg = model.config
         shape = (1, cfg.num_key_value_heads, self.max_length, cfg.head_dim)
         self._keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in model.layers]

@@ -39,8 +39,9 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
     ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "LlamaMLP", "LlamaAttention"),
 )
 ROTARY_GLOBAL = "apply_rotary_pos_emb"
-# Qwen3.5/3.6 (hybrid GDN) parts: norms of their own formulas, each with its fused twin below, and
-# the stock SiLU MLP. Their partial rotary keeps the stock function.
+# Qwen3.5/3.6 (hybrid GDN) parts: norms of their own formulas, each with its fused twin below, the
+# stock SiLU MLP, and an attention whose rotary turns only the first ``cos.shape[-1]`` channels of a
+# head (``rotary_partial``).
 QWEN35 = "transformers.models.qwen3_5.modeling_qwen3_5"
 # The DFlash drafter's own norm has the Qwen3 formula, and its MLP the stock SiLU one.
 DFLASH = "ddtree.models.dflash"
@@ -50,6 +51,9 @@ OTHER_NORMS: tuple[tuple[str, str, str], ...] = (  # (module, class, fused funct
     (DFLASH, "RMSNorm", "rms_norm"),
 )
 OTHER_MLPS: tuple[tuple[str, str], ...] = ((QWEN35, "Qwen3_5MLP"), (DFLASH, "DFlashMLP"))
+# (module, attention class, fused rotary function name) of attentions whose rotary has another
+# formula than the families' (the families' attentions take ``rotary``).
+OTHER_ROTARY: tuple[tuple[str, str, str], ...] = ((QWEN35, "Qwen3_5Attention", "rotary_partial"),)
 
 
 # -- the stock math, as free functions -------------------------------------------------------
@@ -97,6 +101,16 @@ def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 
     q_embed = (q * cos) + (_rotate_half(q) * sin)
     k_embed = (k * cos) + (_rotate_half(k) * sin)
     return q_embed, k_embed
+
+
+def rotary_partial(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """Qwen3.5/3.6's ``apply_rotary_pos_emb``: ``rotary`` on each head's first ``cos.shape[-1]``
+    channels, the others passed through. Stock, it is a dozen kernels an attention layer (the two
+    ``torch.cat`` of ``rotate_half``, two more putting the passed channels back, the products and
+    sums); compiled, Inductor writes it as one or two."""
+    d = cos.shape[-1]
+    q_rot, k_rot = rotary(q[..., :d], k[..., :d], cos, sin, unsqueeze_dim)
+    return torch.cat([q_rot, q[..., d:]], dim=-1), torch.cat([k_rot, k[..., d:]], dim=-1)
 
 
 # The DFlash attention's rotary: the module global its methods read (``ddtree.models.dflash.apply_rope``,
@@ -180,6 +194,7 @@ def probe(dtype: torch.dtype, device: torch.device) -> None:
     compiled(silu_mul)(x, x)
     q, cos = torch.ones(1, 2, 2, 8, dtype=dtype, device=device), torch.ones(1, 2, 8, dtype=dtype, device=device)
     compiled(rotary)(q, q, cos, cos)  # q, k [b, heads, n, head_dim]; cos, sin [b, n, head_dim]
+    compiled(rotary_partial)(q, q, cos[..., :4], cos[..., :4])  # the rotary on half of each head
     from ddtree.models.dflash import apply_rope  # the DFlash drafter's: x [b, heads, n, d], cos [b, 1, n, d]
 
     compiled(apply_rope)(q, cos[:, None], cos[:, None])
@@ -250,6 +265,18 @@ def _other_classes() -> tuple[dict[type, str], set[type]]:
         except (ImportError, AttributeError):
             continue
     return norms, mlps
+
+
+def _other_rotary_classes() -> list[tuple[Any, type, str]]:
+    """The ``OTHER_ROTARY`` attentions found: (modeling module, class, fused rotary function name)."""
+    found = []
+    for module_name, cls, fn in OTHER_ROTARY:
+        try:
+            mod = importlib.import_module(module_name)
+            found.append((mod, getattr(mod, cls), fn))
+        except (ImportError, AttributeError):
+            continue
+    return found
 
 
 def _silu_types() -> tuple[type, ...]:
@@ -374,28 +401,32 @@ def fuse_projections(model: nn.Module) -> int:
     return count
 
 
-def project(module: nn.Module, names: tuple[str, ...], x: Tensor) -> tuple[Tensor, ...]:
-    """The outputs of ``module``'s linears ``names`` for input ``x``: one GEMM split by columns where
-    ``fuse_projections`` stored them together and every weight still views that storage (a later
-    ``.to()`` or parameter swap falls back), else one call per linear. The split outputs are views."""
+def project(module: nn.Module, names: tuple[str, ...], x: Tensor, start: int = 0) -> tuple[Tensor, ...]:
+    """The outputs of ``module``'s linears ``names[start:]`` for input ``x``: one GEMM split by columns
+    where ``fuse_projections`` stored the group ``names`` together (the rows of the linears from
+    ``start`` on are one slice of it) and every weight still views that storage (a later ``.to()`` or
+    parameter swap falls back), else one call per linear. The split outputs are views."""
     fused = getattr(module, _FUSED, {}).get(names)
     if fused is not None:
         weight, sizes, addresses = fused
         if all(getattr(module, name).weight.data_ptr() == at for name, at in zip(names, addresses)):
-            return F.linear(x, weight).split(sizes, dim=-1)
-    return tuple(getattr(module, name)(x) for name in names)
+            return F.linear(x, weight[sum(sizes[:start]):]).split(sizes[start:], dim=-1)
+    return tuple(getattr(module, name)(x) for name in names[start:])
 
 
 def _shared_projection_forwards(module: nn.Module, names: tuple[str, ...]) -> list[Callable]:
     """Instance forwards for the linears ``names`` of ``module`` (called one after another on one input,
-    as an attention forward calls q, k and v): the first call runs ``project`` (one GEMM where fused)
-    and keeps the outputs; the others return theirs while the input is the same tensor, else run again."""
+    as an attention forward calls q, k and v): a call on a new input runs ``project`` for its linear
+    and those after it (one GEMM where fused) and keeps the outputs; the later ones return theirs while
+    the input is the same tensor, else run again. So q, k and v of one input are one GEMM, and k and v
+    alone (the DFlash drafter's context keys and values) one GEMM without q."""
     kept: dict[str, Any] = {}
 
     def forward_for(i: int) -> Callable:
         def forward(x: Tensor) -> Tensor:
-            if kept.get("input") is not x:
-                kept["input"], kept["outputs"] = x, project(module, names, x)
+            if kept.get("input") is not x or i not in kept["outputs"]:
+                kept["input"] = x
+                kept["outputs"] = dict(enumerate(project(module, names, x, start=i), start=i))
             out = kept["outputs"][i]
             if i == len(names) - 1:
                 kept.clear()  # no tensor outlives the layer
@@ -452,8 +483,8 @@ def _fuse_dflash_rope(model: nn.Module, wrap: Callable, owner: object) -> None:
 
 @contextlib.contextmanager
 def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
-    """Run ``model``'s RMSNorms, SiLU MLPs and rotary embedding (Qwen3/Llama; Qwen3.5 norms and MLPs)
-    through the fused functions.
+    """Run ``model``'s RMSNorms, SiLU MLPs and rotary embedding (Qwen3/Llama; Qwen3.5/3.6 norms, MLPs
+    and partial rotary) through the fused functions.
 
     Sets instance ``forward`` attributes on the matching submodules (exact class, so subclasses
     and other norms are untouched): norms and MLPs call the fused functions; attention modules
@@ -494,13 +525,15 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
             if QKV in getattr(m, _FUSED, {}) and not any("forward" in vars(getattr(m, n)) for n in QKV):
                 for name, forward in zip(QKV, _shared_projection_forwards(m, QKV)):
                     _push(getattr(m, name), "forward", forward, owner)
-        for mod, _, _, attention in families:
+        rotaries = [(mod, attention, rotary_fn) for mod, _, _, attention in families]
+        rotaries += [(mod, attention, wrap(globals()[fn])) for mod, attention, fn in _other_rotary_classes()]
+        for mod, attention, fn in rotaries:
             # Free: no instance forward, or one a fused_ops context set (nested contexts).
             modules = [m for m in model.modules() if type(m) is attention
                        and ("forward" not in vars(m) or (id(m), "forward") in _PATCHES)]
             if not modules or not _reads_rotary_global(attention, mod):
                 continue
-            replacement = _rotary_for(vars(mod).get(ROTARY_GLOBAL), rotary_fn)
+            replacement = _rotary_for(vars(mod).get(ROTARY_GLOBAL), fn)
             forward = None if replacement is None else _with_globals(attention.forward, {ROTARY_GLOBAL: replacement})
             if forward is None:
                 log.warning("%s.%s or %s.forward has an unknown shape; rotary left unfused", mod.__name__,

@@ -98,6 +98,13 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
 
     >>> target = StaticHybridTarget(model, max_length=8192)     # doctest: +SKIP
 
+    ``attention`` (its attention layers), as for ``StaticTarget``: ``"auto"`` (the default) reads the
+    dense folded mask below ``flex_threshold`` live rows and on the CPU, and from there on a GPU the
+    FlexAttention layouts, with split attention where it serves; ``"dense"`` or ``"flex"`` forces one.
+    On one H100 (Qwen3.6-27B geometry, prompt 8192) the dense mask's attention took 7.3 ms of an
+    AR verify's kernels (``experiments/round_profile.py --prompt 8192``), where the AR verify under
+    ``"auto"`` took 21.45 ms in all, as at prompt 512 (``experiments/speed.py``).
+
     ``fuse_projections=True`` stores each GDN layer's four input projections, each MLP's gate and up and
     each attention layer's q, k and v in one tensor a group (``fused.fuse_projections``: the parameters
     become views of it); a tree verify then runs each group as one GEMM (the MLP's and the attention's
@@ -107,7 +114,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
     reads_tree_block = True  # a verify's bool [n, n] tree block is written into its own masks (AutoMaskCompiler)
 
     def __init__(self, model: PreTrainedModel, max_length: int = 4096, cuda_graphs: bool | None = None,
-                 width_step: int = 256, fuse: bool | None = None, attention: str = "dense",
+                 width_step: int = 256, fuse: bool | None = None, attention: str = "auto",
                  flex_threshold: int = 4096, triton: bool | None = None, fuse_projections: bool | None = None) -> None:
         if attention not in ATTENTIONS:  # before the model is touched
             raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from transformers.activations import ACT2FN
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen3 import modeling_qwen3
+from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from ddtree.models import fused
 from ddtree.models.fused import compiled, fused_ops, rms_norm, rotary, silu_mul
@@ -180,9 +181,34 @@ def test_a_hybrid_gets_the_twins_of_its_own_norms(tiny_models):
     with fused_ops(model, compile=False) as count:
         assert count == expected > 0
         patched = {type(m).__name__ for m in model.modules() if "forward" in m.__dict__}
-        assert patched == set(kinds)  # the attention's partial rotary keeps the stock function
+        assert patched == {*kinds, "Qwen3_5Attention"}  # the attention: its partial rotary's twin
+        assert all(_rotary_of(m) is fused.rotary_partial for m in model.modules()
+                   if type(m).__name__ == "Qwen3_5Attention")
         assert torch.equal(model(_ids()).logits, ref)
     _assert_stock(model)
+    assert _rotary_of(next(m for m in model.modules() if type(m).__name__ == "Qwen3_5Attention")) is \
+        modeling_qwen3_5.apply_rotary_pos_emb
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_partial_rotary_is_qwen35s_bitwise(dtype):
+    """``rotary_partial`` against Qwen3.5's own ``apply_rotary_pos_emb``: a quarter, half and all of a head rotated."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 4, 5, 16, generator=g).to(dtype) for _ in range(2))
+    for d in (4, 8, 16):
+        cos, sin = (torch.randn(1, 5, d, generator=g).to(dtype) for _ in range(2))
+        for got, want in zip(fused.rotary_partial(q, k, cos, sin), modeling_qwen3_5.apply_rotary_pos_emb(q, k, cos, sin)):
+            assert torch.equal(got, want)
+
+
+@torch.no_grad()
+def test_the_hybrid_attention_calls_the_partial_rotary_once_a_layer(tiny_models, monkeypatch):
+    model, calls = tiny_models["qwen35"], []
+    plain = fused.rotary_partial
+    monkeypatch.setattr(fused, "rotary_partial", lambda *args, **kwargs: calls.append(1) or plain(*args, **kwargs))
+    with fused_ops(model, compile=False):
+        model(_ids())
+    assert len(calls) == sum(type(m).__name__ == "Qwen3_5Attention" for m in model.modules()) > 0
 
 
 # A cold Inductor compile of even rms_norm takes ~45 s on the 2-core CPU machine (8 s warm).
@@ -395,7 +421,7 @@ def test_static_target_fuses_each_mlp_s_gate_and_up_when_asked():
     attention = model.model.layers[0].self_attn
     original = fused.project
     with fused_ops(model, compile=False):
-        fused.project = lambda module, names, x: calls.append(names) or original(module, names, x)
+        fused.project = lambda module, names, x, start=0: calls.append(names[start:]) or original(module, names, x, start)
         try:
             got = model(ids[None]).logits
         finally:
@@ -451,3 +477,39 @@ def test_a_model_with_fused_projections_saves_and_loads_back_through_save_pretra
     assert set(loaded.state_dict()) == set(want)
     for name, value in loaded.state_dict().items():
         torch.testing.assert_close(value, want[name], atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_the_dflash_drafter_runs_its_projections_as_one_gemm_a_group(tiny_models, monkeypatch):
+    """``DFlashDrafter(fuse_projections=True)``: each layer's q, k, v and gate, up stored together; under
+    ``fused_ops`` the block's q, k and v are one GEMM, the context's k and v one (no q for the
+    context), the MLP's gate and up one; the drafts equal the unfused drafter's."""
+    from ddtree.drafters import DFlashDrafter
+    from ddtree.models import HFTarget
+    from ddtree.testing import tiny_dflash
+
+    target = HFTarget(tiny_models["qwen3"])
+    body = tiny_dflash(tiny_models["qwen3"])
+    gen = torch.Generator().manual_seed(5)
+    cfg = body.config
+    taps = torch.randn(7, len(cfg.target_layer_ids) * cfg.hidden_size, generator=gen)
+
+    def draft(drafter):
+        drafter.reset(types.SimpleNamespace(taps=taps))
+        return drafter.draft(3).log_probs
+
+    want = draft(DFlashDrafter(body, target, max_length=64))
+    drafter = DFlashDrafter(body, target, max_length=64, fuse=False, fuse_projections=True)
+    assert drafter.fused_projections == 2 * cfg.num_hidden_layers
+    calls, original = [], fused.project
+    monkeypatch.setattr(fused, "project", lambda module, names, x, start=0: calls.append(names[start:])
+                        or original(module, names, x, start))
+    with fused_ops(body, compile=False):
+        drafter.reset(types.SimpleNamespace(taps=taps))
+        calls.clear()  # the prompt's absorb: k and v a layer
+        block = torch.randn(1, drafter.block_size, cfg.hidden_size, generator=gen)
+        body(block, torch.arange(7, 7 + drafter.block_size), body.context_kv(taps, torch.arange(7)))
+    layers = cfg.num_hidden_layers
+    assert calls.count(fused.QKV) == layers and calls.count(fused.QKV[1:]) == layers
+    assert calls.count(fused.GATE_UP) == layers and len(calls) == 3 * layers
+    torch.testing.assert_close(draft(drafter), want)

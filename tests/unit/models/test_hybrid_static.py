@@ -121,3 +121,18 @@ def test_dispatch_and_refusals(model):
     with pytest.raises(ValueError, match="Triton tree delta rule needs fuse=True"):  # unfused, or off a CUDA GPU
         StaticHybridTarget(model, cuda_graphs=False, fuse=False, triton=True)
     assert not StaticHybridTarget(model, cuda_graphs=False).triton  # the CPU keeps the torch math
+
+
+def test_both_static_targets_default_to_auto_attention(model):
+    """The loop's targets (``target_for``) read long contexts the way ``experiments/speed.py`` times them:
+    dense masks below ``flex_threshold`` live rows and on the CPU, the FlexAttention layouts (split
+    attention where it serves) from there on a GPU, for the hybrid target as for the dense one."""
+    from ddtree.models.static_target import StaticTarget
+    from ddtree.testing import tiny_target
+
+    hybrid = target_for(model, fast=True)
+    dense = target_for(tiny_target("qwen3"), fast=True)
+    assert isinstance(dense, StaticTarget)
+    for target in (hybrid, dense):
+        assert target.attention == "auto" and target.flex_threshold == 4096
+        assert not target._uses_flex(10**6)  # on the CPU, dense at any length
