@@ -90,7 +90,8 @@ def tree_delta_kernel(
         scores = tl.dot(qb, kbt, input_precision=PRECISION) * decay
         acc_o += tl.dot(scores, ub, input_precision=PRECISION)
         tl.store(u_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], ub, mask=live[:, None])
-        tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o, mask=live[:, None])
+        tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o.to(out_ptr.dtype.element_ty),
+                 mask=live[:, None])
         tl.debug_barrier()  # this block's U, read back by later blocks, is visible to every thread
 
 
@@ -166,7 +167,8 @@ def tree_solve_kernel(
         ub = tl.dot(inverse, acc_u, input_precision=PRECISION)
         acc_o += tl.dot(tl.load(scores_ptr + out + rows[None, :]), ub, input_precision=PRECISION)
         tl.store(u_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], ub, mask=live[:, None])
-        tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o, mask=live[:, None])
+        tl.store(out_ptr + rows[:, None] * stride_on + h * DV + dv[None, :], acc_o.to(out_ptr.dtype.element_ty),
+                 mask=live[:, None])
         tl.debug_barrier()  # this block's U, read back by later blocks, is visible to every thread
 
 

@@ -225,7 +225,9 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     ``conv_copy`` [n, C] receives x and ``updates_out`` [n, H, dv] the updates, written by the kernels
     themselves, and ``keys_out`` [n, Hk, dk] and ``log_decay_out`` [n, H] the keys and the log decay,
     written by the kernels before the rule (``FUSED_PROLOGUE``) or the compiled prologue (the fast path's
-    commit stash, without a copy per layer); the returned keys and log decay are then those tensors."""
+    commit stash, without a copy per layer); the returned keys and log decay are then those tensors.
+    The output comes in the model's dtype (``x``'s), as the layer casts it before its gated norm
+    (``tree_mix`` gives it in float32: the same values once cast)."""
     outs = (keys_out, log_decay_out)
     if fused_prologue(dk, key_dim, x.shape[-1]):
         q, k, v = gdn_tree_triton.tree_conv_heads(x, window, weight, bias, taps, key_dim, dk, copy=conv_copy,
@@ -243,7 +245,7 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
                                                                anc, key_dim, value_dim, dk, *outs)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
     out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision,
-                                                   updates=updates_out,
+                                                   updates=updates_out, out_dtype=x.dtype,
                                                    **gdn_tree_triton.rule_options(q.shape[0], precision))
     return out, k, updates, gamma, initial
 

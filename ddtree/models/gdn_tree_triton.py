@@ -84,10 +84,13 @@ def tree_delta_rule(
     precision: str = "ieee",
     split: bool = False,
     updates: Tensor | None = None,  # [n, H, dv] contiguous float32: where the updates are written
+    out_dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:  # out [n, H, dv], updates [n, H, dv]
     """Per-node outputs and updates of the tree delta rule (``delta_rule_tensors``'s math).
     ``updates`` names the tensor the updates go to (the hybrid fast path's commit stash); by default a
-    new one.
+    new one. ``out_dtype``: the outputs are computed in float32 and stored in it, rounded to nearest even
+    as ``.to(out_dtype)`` rounds (a bf16 model's layer casts them so before its gated norm: no cast
+    kernel of its own then).
 
     One launch by default. ``split=True`` first builds every block of the system, of the masked
     scores and of the diagonal inverses in parallel (a program per head and row block, into
@@ -107,9 +110,9 @@ def tree_delta_rule(
     gamma, beta = gamma.float().contiguous(), beta.float().contiguous()
     s0 = initial_state.float().contiguous()
     anc = anc.contiguous().view(torch.int8)
-    out = torch.empty(n, h, dv, dtype=torch.float32, device=v.device)
+    out = torch.empty(n, h, dv, dtype=out_dtype, device=v.device)
     if updates is None:
-        updates = torch.empty_like(out)
+        updates = torch.empty(n, h, dv, dtype=torch.float32, device=v.device)
     elif updates.shape != out.shape or updates.dtype != torch.float32 or not updates.is_contiguous():
         raise ValueError(f"updates must be a contiguous {tuple(out.shape)} float32 tensor, got "
                          f"{tuple(updates.shape)} {updates.dtype}")

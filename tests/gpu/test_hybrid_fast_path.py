@@ -119,6 +119,25 @@ def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, 
     torch.testing.assert_close(updates, result.updates, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
+@pytest.mark.parametrize("n", [1, 65, 257])
+def test_the_rule_s_output_in_the_model_dtype_is_the_float32_one_cast(n, split):
+    """``out_dtype=torch.bfloat16`` (what ``tree_mix_triton`` asks for a bf16 model): the kernel's float32
+    outputs rounded as ``.to(torch.bfloat16)`` rounds them, bitwise (Triton's interpreter truncates to
+    bf16, so the CPU tests check float16 only)."""
+    gen = torch.Generator().manual_seed(n)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    hk, h, dk, dv = 4, 12, 64, 64
+    q, k = (l2norm(torch.randn(n, hk, dk, generator=gen)).cuda() for _ in range(2))
+    v, s0 = torch.randn(n, h, dv, generator=gen).cuda(), torch.randn(h, dk, dv, generator=gen).cuda()
+    gamma, beta = (-torch.rand(n, h, generator=gen)).cuda(), torch.rand(n, h, generator=gen).cuda()
+    args = (q * dk**-0.5, k, v, gamma, beta, s0, ancestor_matrix(parents.cuda()))
+    out32, updates32 = tree_delta_rule(*args, precision="tf32", block=16, split=split)
+    out, updates = tree_delta_rule(*args, precision="tf32", block=16, split=split, out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, out32.to(torch.bfloat16))
+    assert torch.equal(updates, updates32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 65, 257])
 def test_the_triton_tree_conv_equals_the_torch_tree_conv(n, dtype):

@@ -44,6 +44,26 @@ def test_kernel_matches_the_torch_tree_delta_rule(interpreted, n, r, block, valu
     torch.testing.assert_close(stash, got_updates, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
+def test_the_output_stored_in_the_model_dtype_is_the_float32_one_cast(interpreted, split):
+    """``out_dtype``: the kernel rounds its float32 outputs as ``.to(dtype)`` does (the layer's cast
+    before its gated norm, which the kernel then saves), bitwise; the updates stay float32. Float16
+    here: Triton's interpreter truncates to bfloat16 where compiled Triton rounds to nearest even, so
+    bfloat16 is checked on the GPU (``tests/gpu/test_hybrid_fast_path.py -k model_dtype``)."""
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(7)
+    n, hk, h, dk, dv = 20, 2, 4, 16, 32
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    q, k = (l2norm(torch.randn(n, hk, dk, generator=gen)) for _ in range(2))
+    v, s0 = torch.randn(n, h, dv, generator=gen), torch.randn(h, dk, dv, generator=gen)
+    gamma, beta = -torch.rand(n, h, generator=gen), torch.rand(n, h, generator=gen)
+    args = (q * dk**-0.5, k, v, gamma, beta, s0, ancestor_matrix(parents))
+    out32, updates32 = gdn_tree_triton.tree_delta_rule(*args, block=16, split=split)
+    out, updates = gdn_tree_triton.tree_delta_rule(*args, block=16, split=split, out_dtype=dtype)
+    assert out.dtype == dtype and updates.dtype == torch.float32
+    assert torch.equal(out, out32.to(dtype)) and torch.equal(updates, updates32)
+
+
 def test_bad_blocks_and_precision_are_refused():
     t = torch.zeros(2, 1, 16)
     with pytest.raises(ValueError, match="precision"):
