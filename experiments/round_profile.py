@@ -74,10 +74,11 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
     """Per drafter of ``args.drafters``: the median graphed draft (CUDA events) after a prefill of
     ``prompt``, then one draft of the same drafter run op by op under the profiler. The DFlash
     draft absorbs a block of pending features first, as every round does; the MTP draft is the
-    static chain's (``steps`` head forwards and LM heads over one round's pairs). The DFlash drafter
-    reads its dense mask over the whole cache in both runs (``attention="dense"``): past 4096 rows that
-    is not what the loop's drafter runs (split attention, ``experiments/speed.py``'s draft stage); at
-    prompt 8192 on Qwen3.6-27B's geometry (one H100) it was 7.12 ms graphed here, speed.py's 3.16."""
+    static chain's (``steps`` head forwards and LM heads over one round's pairs). Both DFlash runs read
+    the context as the loop's graphed drafter does (``attention="auto"``: split attention over a cache
+    of more than 4096 rows, the op-by-op run told the same with ``attention="split"``); before, both
+    read a dense mask over the whole cache, and at prompt 8192 on Qwen3.6-27B's geometry (one H100) the
+    graphed draft took 7.12 ms here against speed.py's 3.16."""
     from ddtree.drafters.dflash import DFlashDrafter
     from ddtree.drafters.mtp_static import StaticChain
     from ddtree.models import MTPHead
@@ -89,10 +90,11 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
     for name in args.drafters:
         if name == "dflash":
             body = random_dflash_for(model, device=str(device), dtype=param.dtype)
-            runs = {}
+            runs, attention = {}, "auto"  # the graphed run's choice; the op-by-op run takes it
             for graphs in dict.fromkeys((gpu, False)):  # graphed and op by op; once off a GPU
-                drafter = DFlashDrafter(body, target, max_length=max_length, cuda_graphs=graphs, attention="dense",
+                drafter = DFlashDrafter(body, target, max_length=max_length, cuda_graphs=graphs, attention=attention,
                                         fuse=args.fuse_drafter and gpu)  # op by op, the graph's kernels
+                attention = drafter.attention
                 target.set_taps(drafter.hidden_layers)
                 out = target.prefill(prompt)
                 drafter.reset(out)

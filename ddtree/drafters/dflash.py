@@ -70,7 +70,9 @@ class DFlashDrafter:
 
     ``block_size=None`` runs the checkpoint's own block (``model.config.block_size``); a value
     from 2 up to it runs a shorter one (fewer drafted depths). ``attention``: ``"dense"``,
-    ``"flex"`` or ``"auto"`` (flex when graphed on CUDA over more than ``flex_threshold`` rows).
+    ``"flex"``, ``"split"`` (flex with the context through split attention where it runs) or ``"auto"``
+    (split when graphed on CUDA over more than ``flex_threshold`` rows, else dense); ``drafter.attention``
+    says which one the drafts run.
     ``fuse``: the drafter's norms, MLP activations and rotary run as compiled kernels (``ddtree.models.fused``),
     as the fast target's do, in its graph and in eager drafts; None (the default): on with CUDA graphs.
     On one H100 (Qwen3-8B geometry, prompt 512, ``experiments/speed.py``) it took the graphed draft
@@ -109,12 +111,13 @@ class DFlashDrafter:
         self._streamed = False  # the prompt's taps came through ``prompt_sink``
         self.length = 0  # committed tokens whose features are in the cache
         self._graph: tuple | None = None
-        if attention not in ("auto", "dense", "flex"):
-            raise ValueError(f"attention={attention!r}: choose one of auto, dense, flex")
-        split = attention == "auto"  # auto: the context through a flash kernel where it runs (split_attention)
-        if attention == "auto":
-            attention = "flex" if self.cuda_graphs and self.max_length > flex_threshold else "dense"
-        self._layout = self._flex_layout(split) if attention == "flex" else None  # the block over the buffers
+        if attention not in ("auto", "dense", "flex", "split"):
+            raise ValueError(f"attention={attention!r}: choose one of auto, dense, flex, split")
+        if attention == "auto":  # the context through a flash kernel where it runs (split_attention)
+            attention = "split" if self.cuda_graphs and self.max_length > flex_threshold else "dense"
+        # The block over the buffers; None where FlexAttention does not compile (then dense).
+        self._layout = self._flex_layout(attention == "split") if attention != "dense" else None
+        self.attention = attention if self._layout is not None else "dense"  # what the drafts run
 
     def _flex_layout(self, split: bool = False) -> FlexLayout | None:
         """The block's layout (every block row sees the committed rows and the whole block), compiled

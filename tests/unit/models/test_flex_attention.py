@@ -185,15 +185,18 @@ def test_flex_dflash_drafter_drafts_what_the_dense_one_drafts(tiny_models):
     model = tiny_models["qwen3"]
     target = HFTarget(model)
     dflash = tiny_dflash(model, block_size=8)
-    dense, flex = (DFlashDrafter(dflash, target, max_length=400, attention=a) for a in ("dense", "flex"))
-    assert dense._layout is None and flex._layout is not None
+    dense, flex, split = (DFlashDrafter(dflash, target, max_length=400, attention=a) for a in ("dense", "flex", "split"))
+    assert dense._layout is None and flex._layout is not None and split._layout.split and not flex._layout.split
+    assert (dense.attention, flex.attention, split.attention) == ("dense", "flex", "split")
+    assert DFlashDrafter(dflash, target, max_length=400).attention == "dense"  # auto: no graphs here
     target.set_taps(dense.hidden_layers)
     prompt = target.prefill((torch.arange(200) * 5) % 90 + 3)
-    for drafter in (dense, flex):
+    for drafter in (dense, flex, split):
         drafter.reset(prompt)
     for root in (7, 11, 3):
         expected = dense.draft(root).log_probs
         torch.testing.assert_close(flex.draft(root).log_probs, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(split.draft(root).log_probs, expected, atol=1e-5, rtol=1e-5)  # float32: flex
         # and through the graph step (a device tensor for the length), as a CUDA graph replays it
         length = torch.tensor(flex.length)
         ids = torch.full((8,), dflash.config.mask_token_id)
@@ -204,7 +207,7 @@ def test_flex_dflash_drafter_drafts_what_the_dense_one_drafts(tiny_models):
         context = target.forward_tree(DenseMaskCompiler().compile(tree, target.past_length))
         path = tuple(range(depth + 1))
         verification = Verification(path=path, tokens=tuple(tree.tokens[list(path)].tolist()), bonus=1)
-        for drafter in (dense, flex):
+        for drafter in (dense, flex, split):
             drafter.accept(verification, context)
         target.commit(path)
 
