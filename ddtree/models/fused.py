@@ -251,32 +251,22 @@ def _family_classes() -> list[tuple[Any, type, type, type]]:
     return found
 
 
-def _other_classes() -> tuple[dict[type, str], set[type]]:
-    """The ``OTHER_NORMS`` classes found (class -> fused function name) and the ``OTHER_MLPS``."""
-    norms, mlps = {}, set()
-    for module_name, cls, fn in OTHER_NORMS:
-        try:
-            norms[getattr(importlib.import_module(module_name), cls)] = fn
-        except (ImportError, AttributeError):
-            continue
-    for module_name, cls in OTHER_MLPS:
-        try:
-            mlps.add(getattr(importlib.import_module(module_name), cls))
-        except (ImportError, AttributeError):
-            continue
-    return norms, mlps
-
-
-def _other_rotary_classes() -> list[tuple[Any, type, str]]:
-    """The ``OTHER_ROTARY`` attentions found: (modeling module, class, fused rotary function name)."""
+def _found(specs: tuple[tuple[str, ...], ...]) -> list[tuple[Any, ...]]:
+    """``(module, class, *rest)`` for each spec ``(module name, class name, *rest)`` whose module
+    imports and holds the class (transformers versions differ in which families they have)."""
     found = []
-    for module_name, cls, fn in OTHER_ROTARY:
+    for module_name, cls, *rest in specs:
         try:
             mod = importlib.import_module(module_name)
-            found.append((mod, getattr(mod, cls), fn))
+            found.append((mod, getattr(mod, cls), *rest))
         except (ImportError, AttributeError):
             continue
     return found
+
+
+def _other_classes() -> tuple[dict[type, str], set[type]]:
+    """The ``OTHER_NORMS`` classes found (class -> fused function name) and the ``OTHER_MLPS``."""
+    return {cls: fn for _, cls, fn in _found(OTHER_NORMS)}, {cls for _, cls in _found(OTHER_MLPS)}
 
 
 def _silu_types() -> tuple[type, ...]:
@@ -526,7 +516,7 @@ def fused_ops(model: nn.Module, compile: bool = True) -> Iterator[int]:
                 for name, forward in zip(QKV, _shared_projection_forwards(m, QKV)):
                     _push(getattr(m, name), "forward", forward, owner)
         rotaries = [(mod, attention, rotary_fn) for mod, _, _, attention in families]
-        rotaries += [(mod, attention, wrap(globals()[fn])) for mod, attention, fn in _other_rotary_classes()]
+        rotaries += [(mod, attention, wrap(globals()[fn])) for mod, attention, fn in _found(OTHER_ROTARY)]
         for mod, attention, fn in rotaries:
             # Free: no instance forward, or one a fused_ops context set (nested contexts).
             modules = [m for m in model.modules() if type(m) is attention
