@@ -20,7 +20,8 @@ Random weights: acceptance is meaningless there, costs are real; near-ties in ra
 make bf16 paths part early, so the check means most on trained weights (``target_path=DIR``).
 
 Each length of ``prompt_lengths`` gets its rows and its read floor: the target's weight bytes
-plus the K/V bytes of that many rows, at ``READ_BANDWIDTH`` (what one step must at least read;
+plus the K/V bytes of that many rows, at the card's peak bandwidth (``read_bandwidth``: 4.8 TB/s on an
+H200, 3.35 on an H100 SXM; ``read_bandwidth=TB/s`` sets it; what one step must at least read;
 ``x floor`` is the round over it). ``FLOP floor ms`` is what the row's verify must at least compute
 at ``PEAK_FLOPS`` (``_compute_floor_ms``): past a few hundred nodes on a large target, or at long
 context, it exceeds the read floor.
@@ -59,7 +60,11 @@ from ddtree.models.static_target import StaticTarget
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
-READ_BANDWIDTH = 4.8e12  # bytes/s: the H200's HBM3e peak, the floor's denominator
+READ_BANDWIDTH = 4.8e12  # bytes/s: the H200's HBM3e peak, the floor's denominator where the card is not known
+# Peak memory bandwidth, bytes/s, by a substring of ``torch.cuda.get_device_name()``: the first match wins.
+CARD_BANDWIDTH = (("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12),
+                  ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100", 1.555e12),
+                  ("RTX A6000", 0.768e12), ("L40S", 0.864e12))
 PEAK_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM and of an H200 (the same chip's compute)
 
 
@@ -236,16 +241,30 @@ def _layers(model) -> tuple[object, list[str], int]:
     return c, kinds, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 
-def _read_floor_ms(model, length: int) -> float:
+def read_bandwidth(device_name: str, given: float | None = None) -> float:
+    """The floor's bandwidth in bytes/s: ``given`` (TB/s) where set, else the card's peak from
+    ``CARD_BANDWIDTH``, else ``READ_BANDWIDTH`` (the H200's, which the issues' bars assume).
+
+    >>> read_bandwidth("NVIDIA H100 80GB HBM3") / 1e12, read_bandwidth("NVIDIA H200") / 1e12
+    (3.35, 4.8)
+    >>> read_bandwidth("NVIDIA H100 80GB HBM3", given=4.8) / 1e12
+    4.8
+    """
+    if given is not None:
+        return float(given) * 1e12
+    return next((bw for key, bw in CARD_BANDWIDTH if key in device_name), READ_BANDWIDTH)
+
+
+def _read_floor_ms(model, length: int, bandwidth: float = READ_BANDWIDTH) -> float:
     """Weight bytes plus the K/V bytes of ``length`` rows (attention layers only) plus, on a hybrid, the
-    float32 recurrent states of its GDN layers, read at ``READ_BANDWIDTH``, in ms."""
+    float32 recurrent states of its GDN layers, read at ``bandwidth`` bytes/s, in ms."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     c, kinds, head_dim = _layers(model)
     element = next(model.parameters()).element_size()
     kv = 2 * kinds.count("full_attention") * c.num_key_value_heads * head_dim
     states = kinds.count("linear_attention") * 4 * (
         getattr(c, "linear_num_value_heads", 0) * getattr(c, "linear_key_head_dim", 0) * getattr(c, "linear_value_head_dim", 0))
-    return 1e3 * (weights + kv * element * length + states) / READ_BANDWIDTH
+    return 1e3 * (weights + kv * element * length + states) / bandwidth
 
 
 def _verify_nodes(label: str, block_size: int) -> int | None:
@@ -331,6 +350,7 @@ def main(cfg: DictConfig) -> None:
                             flex_threshold=cfg.flex_threshold, fuse_projections=fuse_projections)
     mtp_head = _mtp_head(cfg, model)
     rows, checks, floors, prefill_ms = [], {}, {}, {}
+    bandwidth = read_bandwidth(torch.cuda.get_device_name(), cfg.get("read_bandwidth"))
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for length in cfg.prompt_lengths:
@@ -340,11 +360,12 @@ def main(cfg: DictConfig) -> None:
         prefill_ms[length] = {path: _time_prefill({"eager": eager, "fast": fast}[path], prompt, cfg.prefill_reps)
                               for path in cfg.paths}
         print(f"prefill of {prompt.numel()} tokens, ms: {prefill_ms[length]}", flush=True)
-        floors[length] = _read_floor_ms(model, length)
+        floors[length] = _read_floor_ms(model, length, bandwidth)
         for label, path, engine in _strategies(cfg, eager, fast, dflash_model, mtp_head) if cfg.rounds > 0 else ():
             try:
                 nodes = _verify_nodes(label, dflash_model.config.block_size)
                 row = {"prompt": length, "strategy": label, "path": path, "floor_ms": floors[length],
+                       "read_bandwidth_tbs": bandwidth / 1e12,
                        "compute_floor_ms": None if nodes is None else _compute_floor_ms(model, length, nodes),
                        **_time(engine, prompt, cfg.rounds, dflash_model.config.block_size, cfg.stages)}
             except Exception as err:  # one failing path must not cost the whole table
@@ -371,7 +392,7 @@ def main(cfg: DictConfig) -> None:
     if is_hybrid(model):  # what ran, after the first verify compiled it (or fell back)
         print(f"hybrid fast path kernels: {fast.kernels()}", flush=True)
     print(f"\n{name}, prompts {list(cfg.prompt_lengths)}, {cfg.rounds} rounds, bf16, attention {cfg.attention}, "
-          f"{torch.cuda.get_device_name()}; read floor (weights + K/V of the prompt at {READ_BANDWIDTH / 1e12:.1f} TB/s) "
+          f"{torch.cuda.get_device_name()}; read floor (weights + K/V of the prompt at {bandwidth / 1e12:.2f} TB/s) "
           + ", ".join(f"{k}: {v:.2f} ms" for k, v in floors.items()) + "; peak MiB: above the memory held before the run; "
           f"prefill ms {prefill_ms}\n")
     print(table)
