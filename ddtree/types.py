@@ -71,6 +71,8 @@ class Tree:
     def ancestors(self) -> Tensor:  # [n, n] bool
         """``a[i, j]`` is True when j is i or an ancestor of i (row i = row parent(i) | e_i)."""
         n = self.size
+        if n == 1:  # AR's root alone
+            return torch.ones(1, 1, dtype=torch.bool)
         # In numpy, on one thread: torch parallelises a CPU op past 32K elements (from 182 nodes on),
         # and where its pool has more threads than free cores the wake-ups cost more than the work
         # (257 nodes, 16 threads on 2 cores: 0.29 ms against 0.13 on one thread). numpy: 0.05 ms.

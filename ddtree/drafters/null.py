@@ -10,12 +10,14 @@ class NullDrafter:
 
     def __init__(self, vocab_size: int = 1) -> None:
         self.vocab_size = vocab_size
+        self._empty = Draft.empty(vocab_size)
 
     def reset(self, prompt: TargetOutput) -> None:
         self.vocab_size = prompt.logits.shape[-1]
+        self._empty = Draft.empty(self.vocab_size)
 
     def draft(self, root_token: int) -> Draft:
-        return Draft.empty(self.vocab_size)
+        return self._empty  # frozen, so one serves every round
 
     def accept(self, verification: Verification, context: TargetOutput) -> None:
         pass

@@ -15,6 +15,8 @@ class ChainTreeBuilder:
     """
 
     def build(self, draft: Draft, root_token: int) -> Tree:
+        if draft.depth == 0:  # AR: the root alone, without a reduction over an empty draft
+            return Tree.root(root_token)
         top_logp, top_tok = draft.log_probs.float().max(dim=-1)  # [L], [L]
         length = draft.depth
         tokens = torch.cat([torch.tensor([root_token]), top_tok.cpu()])
