@@ -8,14 +8,15 @@ For each verify size n (a random tree of depth <= 16, as DDTree builds) it times
 replays of --reps back-to-back calls (the median of five replays, per call):
 
 - ``mix/torch``: the compiled torch tree mixing (``tree_mix``: conv, decay, batched triangular solve);
-- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (the Triton conv with each head's l2 norm,
-  the Triton decay, the Triton rule);
+- ``mix/triton``: ``tree_mix_triton`` as the fast path runs it (the Triton conv with each head's l2 norm
+  and the decay in one kernel, ``tree_prologue``, then the Triton rule);
 - ``mix/triton_compiled_prologue``: the same with the Triton conv and a compiled prologue
   (``gdn_tree_layer.FUSED_PROLOGUE = False``);
 - ``mix/triton_compiled_conv``: the same with the tree conv inside the compiled prologue
   (``gdn_tree_layer.TRITON_CONV = False``);
 - ``prologue``: the compiled prologue alone (conv, l2norm, path-summed decay);
-- ``prologue/triton``: its two Triton kernels alone (``tree_conv_heads`` and ``tree_decay``);
+- ``prologue/triton``: its work as two Triton kernels alone (``tree_conv_heads`` and ``tree_decay``, which
+  ``tree_prologue`` runs as one launch);
 - ``conv/compiled`` and ``conv/triton``: the tree conv alone, compiled by Inductor and as
   ``gdn_tree_triton.tree_conv`` (with its largest difference from the compiled one);
 - ``rule/...``: ``gdn_tree_triton.tree_delta_rule`` alone, per block, value block, precision and form

@@ -1,7 +1,7 @@
 """Triton kernels of the tree delta rule (``gdn_tree_triton`` holds the math and the launcher).
 
 Imported only where Triton is installed (``gdn_tree_triton._kernels``); every ``@triton.jit``
-function is module-level so that the kernels can call the two helpers.
+function is module-level so that the kernels can call the helpers.
 """
 
 import triton
@@ -216,14 +216,15 @@ def tree_conv_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, out_ptr,
 
 
 @triton.jit
-def tree_conv_heads_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, n, C,
-                           KEY, stride_x, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr,
-                           BN: tl.constexpr, DK: tl.constexpr):
-    """``conv_tile`` over one head's ``DK`` channels, and what the GDN layer does next to them: the output
-    rounded as the conv's, then in float32 the l2 norm of a query or key head (times ``scale`` for a query),
-    stored at ``q_ptr`` / ``k_ptr`` ([n, KEY]), or the value head as it is at ``v_ptr`` ([n, C - 2 KEY])."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    start = tl.program_id(1) * DK
+def conv_heads_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, block, head, n, C,
+                    KEY, stride_x, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr,
+                    BN: tl.constexpr, DK: tl.constexpr):
+    """``conv_tile`` over node block ``block`` and the ``DK`` channels of head ``head``, and what the GDN layer
+    does next to them: the output rounded as the conv's, then in float32 the l2 norm of a query or key head
+    (times ``scale`` for a query), stored at ``q_ptr`` / ``k_ptr`` ([n, KEY]), or the value head as it is at
+    ``v_ptr`` ([n, C - 2 KEY])."""
+    rows = block * BN + tl.arange(0, BN)
+    start = head * DK
     cols = start + tl.arange(0, DK)
     live = rows < n
     y = conv_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, copy_ptr, rows, cols, n, C, stride_x, K,
@@ -240,13 +241,22 @@ def tree_conv_heads_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_
 
 
 @triton.jit
-def tree_decay_kernel(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, H, stride_a, stride_b,
-                      stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr):
-    """The GDN decay summed along each node's root path, for a block of ``BN`` nodes and every head:
+def tree_conv_heads_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, n, C,
+                           KEY, stride_x, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr,
+                           BN: tl.constexpr, DK: tl.constexpr):
+    """``conv_heads_tile`` for a program's node block and head."""
+    conv_heads_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, tl.program_id(0),
+                    tl.program_id(1), n, C, KEY, stride_x, scale, eps, K, HAS_BIAS, COPY, BN, DK)
+
+
+@triton.jit
+def decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, block, H, stride_a, stride_b,
+               stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr):
+    """The GDN decay summed along each node's root path, for node block ``block`` (``BN`` nodes) and every head:
     ``gamma_i = sum_j anc[i, j] g_j`` with ``g = -exp(A_log) softplus(a + dt_bias)`` in float32 (softplus
     as torch's: x past 20, else log1p(exp(x))); and beta in float32. Both stored as [N, H] (N a constant, as the
     verify sizes are: a loop bound the interpreter can read)."""
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rows = block * BN + tl.arange(0, BN)
     heads = tl.arange(0, HP)
     live, lane = rows < N, heads < H
     coef = -tl.exp(tl.load(a_log_ptr + heads, mask=lane, other=0.0).to(tl.float32))
@@ -269,3 +279,29 @@ def tree_decay_kernel(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_pt
     tl.store(gamma_ptr + out, acc, mask=live[:, None] & lane[None, :])
     beta = tl.load(beta_ptr + rows[:, None] * stride_b + heads[None, :], mask=live[:, None] & lane[None, :], other=0.0)
     tl.store(beta_out_ptr + out, beta.to(tl.float32), mask=live[:, None] & lane[None, :])
+
+
+@triton.jit
+def tree_decay_kernel(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, H, stride_a, stride_b,
+                      stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr):
+    """``decay_tile`` for a program's node block."""
+    decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, tl.program_id(0), H, stride_a,
+               stride_b, stride_an, N, BN, BJ, HP)
+
+
+@triton.jit
+def tree_prologue_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, a_ptr,
+                         beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, C, KEY, H, stride_x,
+                         stride_a, stride_b, stride_an, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         COPY: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BJ: tl.constexpr,
+                         HP: tl.constexpr):
+    """``tree_conv_heads_kernel`` and ``tree_decay_kernel`` in one launch, on the grid (node blocks, C / DK + 1):
+    the programs of columns below C / DK run ``conv_heads_tile`` for their head, those of the last column
+    ``decay_tile`` for the same node block (N nodes in all)."""
+    block, head = tl.program_id(0), tl.program_id(1)
+    if head < C // DK:
+        conv_heads_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_ptr, k_ptr, v_ptr, copy_ptr, block, head,
+                        N, C, KEY, stride_x, scale, eps, K, HAS_BIAS, COPY, BN, DK)
+    else:
+        decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, block, H, stride_a,
+                   stride_b, stride_an, N, BN, BJ, HP)

@@ -203,14 +203,15 @@ def mix_inputs_after_conv(mixed: Tensor, a: Tensor, beta: Tensor, a_log: Tensor,
 # Whether ``tree_mix_triton`` runs the tree conv as its own Triton kernel (``gdn_tree_triton.tree_conv``)
 # rather than inside the compiled prologue (where Inductor builds it from the gathers).
 TRITON_CONV = True
-# Whether ``tree_mix_triton`` runs everything before the delta rule as two Triton kernels (the tree conv with
-# each head's split, l2 norm and cast, ``gdn_tree_triton.tree_conv_heads``; the decay, ``tree_decay``) where
-# the heads fit, rather than the Triton conv and a compiled prologue of several kernels.
+# Whether ``tree_mix_triton`` runs everything before the delta rule as one Triton kernel where the heads fit
+# (``gdn_tree_triton.tree_prologue``: the tree conv with each head's split, l2 norm and cast, and in the same
+# launch the decay), rather than the Triton conv and a compiled prologue of several kernels.
 FUSED_PROLOGUE = True
 
 
 def fused_prologue(dk: int, key_dim: int, channels: int) -> bool:
-    """Whether ``tree_mix_triton`` runs the two-kernel prologue for a layer of these sizes (``FUSED_PROLOGUE``)."""
+    """Whether ``tree_mix_triton`` runs the one-kernel prologue (``gdn_tree_triton.tree_prologue``) for a layer
+    of these sizes (``FUSED_PROLOGUE``)."""
     return TRITON_CONV and FUSED_PROLOGUE and gdn_tree_triton.heads_fit(dk, key_dim, channels)
 
 
@@ -224,16 +225,16 @@ def tree_mix_triton(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: 
     for a float32 model and tf32 for a bf16/fp16 one (whose projections already round to 8-10 bits).
     ``conv_copy`` [n, C] receives x and ``updates_out`` [n, H, dv] the updates, written by the kernels
     themselves, and ``keys_out`` [n, Hk, dk] and ``log_decay_out`` [n, H] the keys and the log decay,
-    written by the kernels before the rule (``FUSED_PROLOGUE``) or the compiled prologue (the fast path's
+    written by the kernel before the rule (``FUSED_PROLOGUE``) or the compiled prologue (the fast path's
     commit stash, without a copy per layer); the returned keys and log decay are then those tensors.
     The output comes in the model's dtype (``x``'s), as the layer casts it before its gated norm
     (``tree_mix`` gives it in float32: the same values once cast)."""
     outs = (keys_out, log_decay_out)
     if fused_prologue(dk, key_dim, x.shape[-1]):
-        q, k, v = gdn_tree_triton.tree_conv_heads(x, window, weight, bias, taps, key_dim, dk, copy=conv_copy,
-                                                  keys_out=keys_out)
+        q, k, v, gamma, beta = gdn_tree_triton.tree_prologue(x, window, weight, bias, taps, key_dim, dk, a, beta,
+                                                             a_log, dt_bias, anc, copy=conv_copy, keys_out=keys_out,
+                                                             gamma_out=log_decay_out)
         v = v.view(x.shape[0], a.shape[1], -1)
-        gamma, beta = gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=log_decay_out)
     elif TRITON_CONV:
         mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps, copy=conv_copy)
         q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk,

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 PRECISIONS = ("ieee", "tf32")
+DECAY_COLS = 32  # the decay kernels' ancestor columns per step of their anc @ g
 
 
 def available(device: torch.device) -> bool:
@@ -160,9 +161,7 @@ def tree_conv(
     n, c = x.shape
     k = weight.shape[-1]
     out = torch.empty(n, c, dtype=x.dtype, device=x.device)
-    if copy is not None and (copy.shape != x.shape or copy.dtype != x.dtype or not copy.is_contiguous()):
-        raise ValueError(f"copy must be a contiguous {tuple(x.shape)} {x.dtype} tensor, got {tuple(copy.shape)} "
-                         f"{copy.dtype}")
+    _check_copy(x, copy)
     if n == 0:
         return out
     weight = weight.contiguous()
@@ -192,6 +191,39 @@ def heads_fit(dk: int, key_dim: int, channels: int) -> bool:
     return dk >= 16 and not dk & (dk - 1) and key_dim % dk == 0 and (channels - 2 * key_dim) % dk == 0
 
 
+def _check_copy(x: Tensor, copy: Tensor | None) -> None:
+    if copy is not None and (copy.shape != x.shape or copy.dtype != x.dtype or not copy.is_contiguous()):
+        raise ValueError(f"copy must be a contiguous {tuple(x.shape)} {x.dtype} tensor, got {tuple(copy.shape)} "
+                         f"{copy.dtype}")
+
+
+def _heads_outputs(x: Tensor, key_dim: int, dk: int, copy: Tensor | None,
+                   keys_out: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:  # q, k [n, key_dim / dk, dk], v
+    """``tree_conv_heads``' checks and its outputs, allocated (the keys' where ``keys_out`` is None)."""
+    n, c = x.shape
+    if not heads_fit(dk, key_dim, c):
+        raise ValueError(f"heads of {dk} channels do not tile key_dim {key_dim} and {c} channels (need a power "
+                         "of two >= 16 that divides both)")
+    q = torch.empty(n, key_dim // dk, dk, dtype=torch.float32, device=x.device)
+    if keys_out is None:
+        keys_out = torch.empty_like(q)
+    elif keys_out.shape != q.shape or keys_out.dtype != torch.float32 or not keys_out.is_contiguous():
+        raise ValueError(f"keys_out must be a contiguous {tuple(q.shape)} float32 tensor, got "
+                         f"{tuple(keys_out.shape)} {keys_out.dtype}")
+    _check_copy(x, copy)
+    return q, keys_out, torch.empty(n, c - 2 * key_dim, dtype=torch.float32, device=x.device)
+
+
+def _heads_launch(x: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None, taps: Tensor, q: Tensor,
+                  keys: Tensor, v: Tensor, copy: Tensor | None, dk: int) -> tuple[tuple, dict]:
+    """The arguments every launch of ``conv_heads_tile`` starts with, and its constants."""
+    x = x if x.stride(1) == 1 else x.contiguous()  # rows may be strided (a column slice of a fused projection)
+    weight = weight.contiguous()
+    operands = (x, window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(), q,
+                keys, v, x if copy is None else copy)
+    return operands, dict(K=weight.shape[-1], HAS_BIAS=bias is not None, COPY=copy is not None, DK=dk)
+
+
 def tree_conv_heads(
     x: Tensor,  # [n, C] pre-conv inputs, C = 2 key_dim + value_dim
     window: Tensor,  # [C, K] committed conv window
@@ -211,31 +243,35 @@ def tree_conv_heads(
 
     >>> q, k, v = tree_conv_heads(x, window, weight, None, taps, key_dim=2048, dk=128)   # doctest: +SKIP
     """
+    q, keys, v = _heads_outputs(x, key_dim, dk, copy, keys_out)
     n, c = x.shape
-    if not heads_fit(dk, key_dim, c):
-        raise ValueError(f"heads of {dk} channels do not tile key_dim {key_dim} and {c} channels (need a power "
-                         "of two >= 16 that divides both)")
-    q = torch.empty(n, key_dim // dk, dk, dtype=torch.float32, device=x.device)
-    if keys_out is None:
-        keys_out = torch.empty_like(q)
-    elif keys_out.shape != q.shape or keys_out.dtype != torch.float32 or not keys_out.is_contiguous():
-        raise ValueError(f"keys_out must be a contiguous {tuple(q.shape)} float32 tensor, got "
-                         f"{tuple(keys_out.shape)} {keys_out.dtype}")
-    v = torch.empty(n, c - 2 * key_dim, dtype=torch.float32, device=x.device)
-    if copy is not None and (copy.shape != x.shape or copy.dtype != x.dtype or not copy.is_contiguous()):
-        raise ValueError(f"copy must be a contiguous {tuple(x.shape)} {x.dtype} tensor, got {tuple(copy.shape)} "
-                         f"{copy.dtype}")
     if n == 0:
-        return q, keys_out, v
-    x = x if x.stride(1) == 1 else x.contiguous()
-    k = weight.shape[-1]
-    weight = weight.contiguous()
+        return q, keys, v
+    operands, constants = _heads_launch(x, window, weight, bias, taps, q, keys, v, copy, dk)
     _kernels().tree_conv_heads_kernel[(-(-n // block_nodes), c // dk)](
-        x, window.contiguous(), weight, weight if bias is None else bias.contiguous(), taps.contiguous(), q,
-        keys_out, v, x if copy is None else copy, n, c, key_dim, x.stride(0), dk**-0.5, 1e-6, K=k,
-        HAS_BIAS=bias is not None, COPY=copy is not None, BN=block_nodes, DK=dk,
+        *operands, n, c, key_dim, operands[0].stride(0), dk**-0.5, 1e-6, BN=block_nodes, **constants,
     )
-    return q, keys_out, v
+    return q, keys, v
+
+
+def _decay_outputs(a: Tensor, gamma_out: Tensor | None) -> tuple[Tensor, Tensor]:  # gamma, beta [n, H] float32
+    """``tree_decay``'s check and its outputs, allocated (gamma's where ``gamma_out`` is None)."""
+    n, h = a.shape
+    gamma = torch.empty(n, h, dtype=torch.float32, device=a.device) if gamma_out is None else gamma_out
+    if gamma.shape != (n, h) or gamma.dtype != torch.float32 or not gamma.is_contiguous():
+        raise ValueError(f"gamma_out must be a contiguous {(n, h)} float32 tensor, got {tuple(gamma.shape)} "
+                         f"{gamma.dtype}")
+    return gamma, torch.empty(n, h, dtype=torch.float32, device=a.device)
+
+
+def _decay_launch(a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor, gamma: Tensor,
+                  beta_out: Tensor) -> tuple[tuple, tuple]:
+    """The arguments every launch of ``decay_tile`` starts with, and its strides (a's rows, beta's, anc's)."""
+    a = a if a.stride(1) == 1 else a.contiguous()  # rows may be strided (column slices of a fused projection)
+    beta = beta if beta.stride(1) == 1 else beta.contiguous()
+    anc = anc.contiguous().view(torch.int8)
+    strides = (a.stride(0), beta.stride(0), anc.stride(0))
+    return (a, beta, a_log.contiguous(), dt_bias.contiguous(), anc, gamma, beta_out), strides
 
 
 def tree_decay(
@@ -246,26 +282,46 @@ def tree_decay(
     anc: Tensor,  # [n, n] bool, ``ancestor_matrix``
     gamma_out: Tensor | None = None,  # [n, H] contiguous float32: where gamma goes
     block_nodes: int = 16,
-    block_cols: int = 32,
+    block_cols: int = DECAY_COLS,
 ) -> tuple[Tensor, Tensor]:  # gamma, beta [n, H] float32
     """The path-summed log decay ``gamma = anc @ g`` with ``g = -exp(A_log) softplus(a + dt_bias)``, and beta
     in float32, as ``gdn_tree_layer.mix_inputs_after_conv`` computes them, in one kernel.
 
     >>> gamma, beta32 = tree_decay(a, beta, module.A_log, module.dt_bias, anc)   # doctest: +SKIP
     """
+    gamma, beta_out = _decay_outputs(a, gamma_out)
     n, h = a.shape
-    gamma = torch.empty(n, h, dtype=torch.float32, device=a.device) if gamma_out is None else gamma_out
-    if gamma.shape != (n, h) or gamma.dtype != torch.float32 or not gamma.is_contiguous():
-        raise ValueError(f"gamma_out must be a contiguous {(n, h)} float32 tensor, got {tuple(gamma.shape)} "
-                         f"{gamma.dtype}")
-    beta_out = torch.empty(n, h, dtype=torch.float32, device=a.device)
     if n == 0:
         return gamma, beta_out
-    a = a if a.stride(1) == 1 else a.contiguous()
-    beta = beta if beta.stride(1) == 1 else beta.contiguous()
-    anc = anc.contiguous().view(torch.int8)
+    operands, strides = _decay_launch(a, beta, a_log, dt_bias, anc, gamma, beta_out)
     _kernels().tree_decay_kernel[(-(-n // block_nodes),)](
-        a, beta, a_log.contiguous(), dt_bias.contiguous(), anc, gamma, beta_out, h, a.stride(0), beta.stride(0),
-        anc.stride(0), N=n, BN=block_nodes, BJ=block_cols, HP=tile(h),
+        *operands, h, *strides, N=n, BN=block_nodes, BJ=block_cols, HP=tile(h),
     )
     return gamma, beta_out
+
+
+def tree_prologue(x: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None, taps: Tensor, key_dim: int, dk: int,
+                  a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor, copy: Tensor | None = None,
+                  keys_out: Tensor | None = None, gamma_out: Tensor | None = None,
+                  block_nodes: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``tree_conv_heads(x, window, weight, bias, taps, key_dim, dk, copy=copy, keys_out=keys_out)`` then
+    ``tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=gamma_out)`` (shapes and checks as there) in one
+    launch, the same values bit for bit: q, k [n, key_dim / dk, dk], v [n, C - 2 key_dim], gamma and beta
+    [n, H], all float32. Per node block, a program per head runs the conv's work and one more the decay's
+    (which reads no conv output): everything ``gdn_tree_layer.tree_mix_triton`` computes before the rule.
+
+    >>> q, k, v, gamma, beta32 = tree_prologue(x, window, weight, None, taps, 2048, 128, a, beta,
+    ...                                        module.A_log, module.dt_bias, anc)   # doctest: +SKIP
+    """
+    q, keys, v = _heads_outputs(x, key_dim, dk, copy, keys_out)
+    gamma, beta_out = _decay_outputs(a, gamma_out)
+    (n, c), h = x.shape, a.shape[1]
+    if n == 0:
+        return q, keys, v, gamma, beta_out
+    heads, constants = _heads_launch(x, window, weight, bias, taps, q, keys, v, copy, dk)
+    decay, strides = _decay_launch(a, beta, a_log, dt_bias, anc, gamma, beta_out)
+    _kernels().tree_prologue_kernel[(-(-n // block_nodes), c // dk + 1)](
+        *heads, *decay, c, key_dim, h, heads[0].stride(0), *strides, dk**-0.5, 1e-6, N=n, BN=block_nodes,
+        BJ=DECAY_COLS, HP=tile(h), **constants,
+    )
+    return q, keys, v, gamma, beta_out

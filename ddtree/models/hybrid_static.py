@@ -168,7 +168,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         first = self.gdn_modules[self.gdn_layers[0]]
         return {
             "prefill": "flash-linear-attention" if fla else "torch fallback (install the gdn extra for its kernels)",
-            "verify": ("Triton tree conv (with the head norms), decay and delta rule"
+            "verify": ("Triton tree conv (with the head norms) and decay as one kernel, then delta rule"
                        if self.triton and gdn_tree_layer.fused_prologue(first.head_k_dim, first.key_dim, first.conv_dim)
                        else "Triton tree conv and delta rule" if self.triton and gdn_tree_layer.TRITON_CONV
                        else "torch.compile'd tree conv, Triton tree delta rule" if self.triton

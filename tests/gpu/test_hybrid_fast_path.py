@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, l2norm, solve_tree_delta_rule, tree_causal_conv1d
+from ddtree.models import gdn_tree_triton
 from ddtree.models.gdn_tree_triton import rule_options, tree_conv, tree_delta_rule
 from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.testing import check_budget_sequence, fp32_cuda_pair, per_node_delta_rule
@@ -136,6 +137,34 @@ def test_the_rule_s_output_in_the_model_dtype_is_the_float32_one_cast(n, split):
     out, updates = tree_delta_rule(*args, precision="tf32", block=16, split=split, out_dtype=torch.bfloat16)
     assert out.dtype == torch.bfloat16 and torch.equal(out, out32.to(torch.bfloat16))
     assert torch.equal(updates, updates32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 65, 257])
+def test_the_one_launch_prologue_equals_its_two_kernels(n, dtype):
+    """``tree_prologue`` compiled on the GPU against ``tree_conv_heads`` then ``tree_decay``, at Qwen3.6-27B's
+    GDN sizes (16 key heads and 48 value heads of 128): q, k, v, gamma, beta and the copy of x bit for bit,
+    with x, a and beta strided column views of one projection's output, as the fused projections give."""
+    gen = torch.Generator().manual_seed(n)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    hk, h, dk, dv, k = 16, 48, 128, 128, 4
+    key_dim, c = hk * dk, 2 * hk * dk + h * dv
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).cuda()  # noqa: E731
+    projection = r(n, c + 2 * h + 8)  # x, then a and b, in one row as the fused GDN projection leaves them
+    x, a = projection[:, :c], projection[:, c + 3:c + 3 + h]
+    beta = projection[:, c + 3 + h:c + 3 + 2 * h].sigmoid()
+    window, weight, bias = r(c, k), (0.5 * r(c, k)).to(dtype), r(c)
+    a_log, dt_bias = torch.randn(h, generator=gen).cuda(), r(h)
+    parents = parents.cuda()
+    taps, anc = conv_taps(parents, k), ancestor_matrix(parents)
+    conv = (x, window, weight, bias, taps, key_dim, dk)
+    copy = torch.full((n, c), float("nan"), dtype=dtype, device="cuda")
+    want = (*gdn_tree_triton.tree_conv_heads(*conv, copy=copy), *gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc),
+            copy)
+    copy = torch.full_like(copy, float("nan"))
+    got = (*gdn_tree_triton.tree_prologue(*conv, a, beta, a_log, dt_bias, anc, copy=copy), copy)
+    for name, have, expected in zip(("q", "k", "v", "gamma", "beta", "copy"), got, want):
+        assert have.dtype == expected.dtype and torch.equal(have, expected), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -131,9 +131,9 @@ def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted,
     args = (r(n, c), r(n, h), torch.rand(n, h, generator=gen), r(h), r(h), r(c, k), r(c, k), None, r(h, dk, dv),
             conv_taps(parents, k), ancestor_matrix(parents), hk * dk, h * dv, dk)
     out, keys, updates, log_decay, _ = layer.tree_mix(*args)
-    calls = []  # which prologue ran: the two-kernel one calls tree_decay
-    monkeypatch.setattr(gdn_tree_triton, "tree_decay",
-                        lambda *a, _decay=gdn_tree_triton.tree_decay, **k: calls.append(1) or _decay(*a, **k))
+    calls = []  # which prologue ran: the fused one calls tree_prologue
+    prologue = gdn_tree_triton.tree_prologue
+    monkeypatch.setattr(gdn_tree_triton, "tree_prologue", lambda *a, **k: calls.append(1) or prologue(*a, **k))
     slot, nan = 1, lambda *shape: torch.full((3, n, *shape), float("nan"))  # noqa: E731
     stash = dict(conv_copy=nan(c), updates_out=nan(h, dv), keys_out=nan(hk, dk), log_decay_out=nan(h))
     got = layer.tree_mix_triton(*args, **{name: slab[slot] for name, slab in stash.items()})
@@ -220,3 +220,53 @@ def test_tree_conv_heads_and_tree_decay_refuse_what_does_not_fit():
     with pytest.raises(ValueError, match="gamma_out must be a contiguous"):
         gdn_tree_triton.tree_decay(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(4), torch.zeros(4),
                                    torch.eye(2, dtype=torch.bool), gamma_out=torch.zeros(4, 2).t())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n, dk, dv, h, bias", [(1, 16, 16, 4, False), (5, 16, 48, 5, True), (19, 32, 32, 4, False),
+                                                (37, 16, 16, 3, True)])
+def test_tree_prologue_equals_tree_conv_heads_then_tree_decay(interpreted, n, dk, dv, h, bias, dtype):
+    """``tree_prologue`` (one launch) against ``tree_conv_heads`` then ``tree_decay`` on the same inputs, on
+    random forests of one to three node blocks: q, k, v, gamma, beta and the copy of x bit for bit, with x, a
+    and beta strided column views (a fused projection's output) and the keys and gamma written into given
+    tensors. Float16 rather than bf16: Triton's interpreter rounds bf16 its own way."""
+    gen = torch.Generator().manual_seed(n + dk + h)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    if n > 7:
+        parents[7] = -1
+    hk, k = 2, 4
+    key_dim, c = hk * dk, 2 * hk * dk + h * dv
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    x, window, weight = r(n, c + 5)[:, 2:2 + c], r(c, k), r(c, k)
+    b = r(c) if bias else None
+    projection = (8 * torch.randn(n, 2 * h + 3, generator=gen)).to(dtype)  # a and b side by side, as fused
+    a, beta = projection[:, 1:1 + h], projection[:, 1 + h:1 + 2 * h].sigmoid()
+    a_log, dt_bias = torch.randn(h, generator=gen), torch.randn(h, generator=gen).to(dtype)
+    taps, anc = conv_taps(parents, k), ancestor_matrix(parents)
+    conv = (x, window, weight, b, taps, key_dim, dk)
+    outs = lambda: (torch.full((n, c), float("nan"), dtype=dtype), torch.full((n, hk, dk), float("nan")),  # noqa: E731
+                    torch.full((n, h), float("nan")))
+    copy, keys, gamma = outs()
+    want = (*gdn_tree_triton.tree_conv_heads(*conv, copy=copy, keys_out=keys),
+            *gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=gamma), copy)
+    copy, keys, gamma = outs()
+    got = (*gdn_tree_triton.tree_prologue(*conv, a, beta, a_log, dt_bias, anc, copy=copy, keys_out=keys,
+                                          gamma_out=gamma), copy)
+    assert got[1] is keys and got[3] is gamma
+    for name, have, expected in zip(("q", "k", "v", "gamma", "beta", "copy"), got, want):
+        assert have.dtype == expected.dtype and torch.equal(have, expected), name
+
+
+def test_tree_prologue_refuses_what_the_two_kernels_refuse():
+    taps, anc = torch.zeros(2, 4, dtype=torch.long), torch.eye(2, dtype=torch.bool)
+    decay = (torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(4), torch.zeros(4), anc)
+    with pytest.raises(ValueError, match="do not tile"):
+        gdn_tree_triton.tree_prologue(torch.zeros(2, 72), torch.zeros(72, 4), torch.zeros(72, 4), None, taps, 24, 24,
+                                      *decay)
+    conv = (torch.zeros(2, 64), torch.zeros(64, 4), torch.zeros(64, 4), None, taps, 16, 16)
+    with pytest.raises(ValueError, match="keys_out must be a contiguous"):
+        gdn_tree_triton.tree_prologue(*conv, *decay, keys_out=torch.zeros(2, 1, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="copy must be a contiguous"):
+        gdn_tree_triton.tree_prologue(*conv, *decay, copy=torch.zeros(64, 2).t())
+    with pytest.raises(ValueError, match="gamma_out must be a contiguous"):
+        gdn_tree_triton.tree_prologue(*conv, *decay, gamma_out=torch.zeros(4, 2).t())
