@@ -15,8 +15,9 @@ replays of --reps back-to-back calls (the median of five replays, per call):
 - ``mix/triton_compiled_conv``: the same with the tree conv inside the compiled prologue
   (``gdn_tree_layer.TRITON_CONV = False``);
 - ``prologue``: the compiled prologue alone (conv, l2norm, path-summed decay);
-- ``prologue/triton``: its work as two Triton kernels alone (``tree_conv_heads`` and ``tree_decay``, which
-  ``tree_prologue`` runs as one launch);
+- ``prologue/triton``: its work as two Triton kernels alone (``tree_conv_heads`` and ``tree_decay``);
+- ``prologue/triton_one``: the same work as one launch, ``tree_prologue`` (what ``mix/triton`` runs), and
+  whether its outputs equal the two kernels' bit for bit;
 - ``conv/compiled`` and ``conv/triton``: the tree conv alone, compiled by Inductor and as
   ``gdn_tree_triton.tree_conv`` (with its largest difference from the compiled one);
 - ``rule/...``: ``gdn_tree_triton.tree_delta_rule`` alone, per block, value block, precision and form
@@ -39,7 +40,7 @@ from ddtree.metrics.timer import graphed_us
 from ddtree.models import fused, gdn_tree_layer
 from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, delta_rule_tensors, tree_causal_conv1d
 from ddtree.models.gdn_tree_layer import tree_mix, tree_mix_inputs, tree_mix_triton
-from ddtree.models.gdn_tree_triton import tree_conv, tree_conv_heads, tree_decay, tree_delta_rule
+from ddtree.models.gdn_tree_triton import tree_conv, tree_conv_heads, tree_decay, tree_delta_rule, tree_prologue
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -110,6 +111,11 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
         "max_diff": {name: float((got.reshape(mine.shape) - mine).abs().max())
                      for name, got, mine in (("q", tq, q), ("k", tk, key), ("v", tv, v), ("gamma", tg, gamma),
                                              ("beta", tb, b))}}
+    one = tree_prologue(x, window, weight, None, taps, hk * d, d, a, beta, a_log, dt_bias, anc)
+    row["prologue/triton_one"] = {
+        "us": graphed_us(lambda: tree_prologue(x, window, weight, None, taps, hk * d, d, a, beta, a_log, dt_bias, anc),
+                         args.reps),
+        "bitwise": all(torch.equal(got, mine) for got, mine in zip(one, (tq, tk, tv, tg, tb)))}
     conv = fused.compiled(tree_causal_conv1d)
     row["conv/compiled"] = graphed_us(lambda: conv(x, None, window, weight, None, taps), args.reps)
     row["conv/triton"] = {"us": graphed_us(lambda: tree_conv(x, window, weight, None, taps), args.reps),
