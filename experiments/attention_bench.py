@@ -47,11 +47,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ddtree.metrics.hardware import read_bandwidth
 from ddtree.metrics.timer import graphed_us
 from ddtree.models import split_attention
 from ddtree.models.flex_attention import FlexLayout, attend
 
-READ_BANDWIDTH = 3.35e12  # bytes/s: an H100 SXM's HBM3 (the H200: 4.8e12)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -145,7 +145,7 @@ def main(argv=None) -> None:
         length = max(past + max(args.sizes), args.buffer or 0)
         keys = torch.randn(1, hkv, length, d, device=device, dtype=dtype, generator=gen)
         values = torch.randn_like(keys)
-        floor_us = 1e6 * 2 * past * hkv * d * keys.element_size() / READ_BANDWIDTH
+        floor_us = 1e6 * 2 * past * hkv * d * keys.element_size() / read_bandwidth(torch.cuda.get_device_name())
         for n in args.sizes:
             q = torch.randn(1, hq, n, d, device=device, dtype=dtype, generator=gen)
             layout = FlexLayout(n, length, device)

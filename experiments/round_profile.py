@@ -13,8 +13,8 @@ with ``torch.profiler`` and sums its kernels' GPU time by kind: GEMMs, the Trito
 other compiled (Triton) kernels, attention, copies, the rest. Graph replays hide their kernels
 from the profiler, hence the second, eager run; its kernel times are the graph's, its launch gaps
 are not: ``gap_ms`` (graphed verify minus the profiled kernels) is what launches and gaps cost inside
-the graph. ``weight_read_ms`` is the weights' read time at ``--bandwidth`` (the floor of a one-token
-verify). Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
+the graph. ``weight_read_ms`` is the weights' read time at ``--bandwidth`` (default: the card's peak; the
+floor of a one-token verify). Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ddtree.masks import DenseMaskCompiler
+from ddtree.metrics.hardware import read_bandwidth
 from ddtree.models.geometry import QWEN3, random_hybrid, random_qwen3
 from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.models.static_target import StaticTarget
@@ -140,7 +141,8 @@ def kind_of(name: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--geometry", default="qwen3.6-27b", help="a hybrid geometry, or one of Qwen3's (qwen3-8b)")
-    p.add_argument("--bandwidth", type=float, default=4.8, help="TB/s for the weight-read floor (H200: 4.8)")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="TB/s for the weight-read floor (default: the card's peak, ddtree.metrics.hardware)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the geometry's)")
     p.add_argument("--tiny", action="store_true", help="a tiny stack of the same layout (smoke runs)")
     p.add_argument("--device", default="cuda")
@@ -228,6 +230,8 @@ def main(argv=None) -> None:
         kernels = {"verify": f"fused={graphed.fuse}, CUDA graphs={graphed.cuda_graphs}, attention={graphed.attention}"}
     print(f"kernels: {kernels}", flush=True)
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    args.bandwidth = read_bandwidth(torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+                                    args.bandwidth) / 1e12  # TB/s
     compiler = DenseMaskCompiler().to(graphed.input_device, graphed.dtype)
     gen = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(0, vocab - 1, (args.prompt,), generator=gen)

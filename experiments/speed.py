@@ -20,8 +20,8 @@ Random weights: acceptance is meaningless there, costs are real; near-ties in ra
 make bf16 paths part early, so the check means most on trained weights (``target_path=DIR``).
 
 Each length of ``prompt_lengths`` gets its rows and its read floor: the target's weight bytes
-plus the K/V bytes of that many rows, at the card's peak bandwidth (``read_bandwidth``: 4.8 TB/s on an
-H200, 3.35 on an H100 SXM; ``read_bandwidth=TB/s`` sets it; what one step must at least read;
+plus the K/V bytes of that many rows, at the card's peak bandwidth (``ddtree.metrics.hardware.read_bandwidth``:
+4.8 TB/s on an H200, 3.35 on an H100 SXM; ``read_bandwidth=TB/s`` sets it; what one step must at least read;
 ``x floor`` is the round over it). ``FLOP floor ms`` is what the row's verify must at least compute
 at ``PEAK_FLOPS`` (``_compute_floor_ms``): past a few hundred nodes on a large target, or at long
 context, it exceeds the read floor.
@@ -49,6 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddtree import SpeculativeEngine, presets
 from ddtree.drafters import DFlashDrafter
 from ddtree.errors import reported, run_cli
+from ddtree.metrics.hardware import H200_BANDWIDTH, read_bandwidth
 from ddtree.presets import engine_from_config
 from ddtree.testing import first_divergence, logit_gap
 from ddtree.masks import DenseMaskCompiler
@@ -60,11 +61,7 @@ from ddtree.models.static_target import StaticTarget
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
-READ_BANDWIDTH = 4.8e12  # bytes/s: the H200's HBM3e peak, the floor's denominator where the card is not known
-# Peak memory bandwidth, bytes/s, by a substring of ``torch.cuda.get_device_name()``: the first match wins.
-CARD_BANDWIDTH = (("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12),
-                  ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100", 1.555e12),
-                  ("RTX A6000", 0.768e12), ("L40S", 0.864e12))
+READ_BANDWIDTH = H200_BANDWIDTH  # bytes/s: the floor's denominator where the card is not known
 PEAK_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM and of an H200 (the same chip's compute)
 
 
@@ -239,20 +236,6 @@ def _layers(model) -> tuple[object, list[str], int]:
     c = model.config.get_text_config()
     kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
     return c, kinds, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-
-
-def read_bandwidth(device_name: str, given: float | None = None) -> float:
-    """The floor's bandwidth in bytes/s: ``given`` (TB/s) where set, else the card's peak from
-    ``CARD_BANDWIDTH``, else ``READ_BANDWIDTH`` (the H200's, which the issues' bars assume).
-
-    >>> read_bandwidth("NVIDIA H100 80GB HBM3") / 1e12, read_bandwidth("NVIDIA H200") / 1e12
-    (3.35, 4.8)
-    >>> read_bandwidth("NVIDIA H100 80GB HBM3", given=4.8) / 1e12
-    4.8
-    """
-    if given is not None:
-        return float(given) * 1e12
-    return next((bw for key, bw in CARD_BANDWIDTH if key in device_name), READ_BANDWIDTH)
 
 
 def _read_floor_ms(model, length: int, bandwidth: float = READ_BANDWIDTH) -> float:

@@ -170,22 +170,6 @@ def test_speed_takes_mask_on_its_command_line(override, name, tmp_path):
     assert f"mask_name: {name}" in out.stdout.splitlines()
 
 
-def test_speed_reads_its_floor_at_the_cards_bandwidth():
-    """speed.py's read floor divides by the card's own peak (an H100 reads 1.4x slower than the H200 the
-    issues' bars assume), by ``read_bandwidth`` where given, and by the H200's for a card it does not know."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("speed", Path(__file__).resolve().parents[2] / "experiments" / "speed.py")
-    speed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(speed)
-    assert speed.read_bandwidth("NVIDIA H200") == 4.8e12
-    assert speed.read_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
-    assert speed.read_bandwidth("NVIDIA H100 PCIe") == 2.0e12
-    assert speed.read_bandwidth("NVIDIA RTX A6000") == 0.768e12
-    assert speed.read_bandwidth("Some Future GPU") == speed.READ_BANDWIDTH == 4.8e12
-    assert speed.read_bandwidth("NVIDIA H100 80GB HBM3", given=4.8) == 4.8e12
-
-
 @pytest.mark.parametrize("mask", [None, "tree"])
 def test_speed_takes_its_strategies_from_the_presets(mask):
     """speed.py builds every preset of `strategies` (a tree preset once per budget) through the
