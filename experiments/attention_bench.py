@@ -140,12 +140,12 @@ def main(argv=None) -> None:
     split_attention.min_queries = lambda head_dim: 1  # time the split for one query too (the fast path may not)
     device, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device).manual_seed(0)
-    rows = []
+    rows, bandwidth = [], read_bandwidth(torch.cuda.get_device_name())
     for past in args.prefixes:
         length = max(past + max(args.sizes), args.buffer or 0)
         keys = torch.randn(1, hkv, length, d, device=device, dtype=dtype, generator=gen)
         values = torch.randn_like(keys)
-        floor_us = 1e6 * 2 * past * hkv * d * keys.element_size() / read_bandwidth(torch.cuda.get_device_name())
+        floor_us = 1e6 * 2 * past * hkv * d * keys.element_size() / bandwidth
         for n in args.sizes:
             q = torch.randn(1, hq, n, d, device=device, dtype=dtype, generator=gen)
             layout = FlexLayout(n, length, device)

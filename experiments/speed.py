@@ -49,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddtree import SpeculativeEngine, presets
 from ddtree.drafters import DFlashDrafter
 from ddtree.errors import reported, run_cli
-from ddtree.metrics.hardware import H200_BANDWIDTH, read_bandwidth
+from ddtree.metrics.hardware import read_bandwidth
 from ddtree.presets import engine_from_config
 from ddtree.testing import first_divergence, logit_gap
 from ddtree.masks import DenseMaskCompiler
@@ -61,7 +61,6 @@ from ddtree.models.static_target import StaticTarget
 from ddtree.trees import ChainTreeBuilder
 from ddtree.verifiers import GreedyVerifier
 
-READ_BANDWIDTH = H200_BANDWIDTH  # bytes/s: the floor's denominator where the card is not known
 PEAK_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM and of an H200 (the same chip's compute)
 
 
@@ -238,7 +237,7 @@ def _layers(model) -> tuple[object, list[str], int]:
     return c, kinds, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 
-def _read_floor_ms(model, length: int, bandwidth: float = READ_BANDWIDTH) -> float:
+def _read_floor_ms(model, length: int, bandwidth: float) -> float:
     """Weight bytes plus the K/V bytes of ``length`` rows (attention layers only) plus, on a hybrid, the
     float32 recurrent states of its GDN layers, read at ``bandwidth`` bytes/s, in ms."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

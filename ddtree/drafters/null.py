@@ -9,12 +9,14 @@ class NullDrafter:
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, vocab_size: int = 1) -> None:
-        self.vocab_size = vocab_size
         self._empty = Draft.empty(vocab_size)
 
+    @property
+    def vocab_size(self) -> int:
+        return self._empty.log_probs.shape[-1]
+
     def reset(self, prompt: TargetOutput) -> None:
-        self.vocab_size = prompt.logits.shape[-1]
-        self._empty = Draft.empty(self.vocab_size)
+        self._empty = Draft.empty(prompt.logits.shape[-1])
 
     def draft(self, root_token: int) -> Draft:
         return self._empty  # frozen, so one serves every round
