@@ -24,5 +24,7 @@ def read_bandwidth(device_name: str, given: float | None = None) -> float:
     4.8
     """
     if given is not None:
+        if not float(given) > 0:
+            raise ValueError(f"read_bandwidth must be a positive number of TB/s (an H200 reads 4.8), got {given!r}")
         return float(given) * 1e12
     return next((bw for key, bw in CARD_BANDWIDTH if key in device_name), H200_BANDWIDTH)

@@ -18,6 +18,8 @@ def test_an_unknown_card_gets_the_h200_and_a_given_rate_wins():
     assert read_bandwidth("Some Future GPU") == H200_BANDWIDTH == 4.8e12
     assert read_bandwidth("", None) == H200_BANDWIDTH  # the CPU
     assert read_bandwidth("NVIDIA H100 80GB HBM3", given=4.8) == 4.8e12
+    with pytest.raises(ValueError, match="positive number of TB/s"):
+        read_bandwidth("NVIDIA H200", given=0)
 
 
 def test_the_more_specific_names_come_first():
