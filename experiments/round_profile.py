@@ -4,6 +4,7 @@
     python experiments/round_profile.py --geometry qwen3-8b --sizes 1 65 257 --drafters dflash
     python experiments/round_profile.py --layers 8 --sizes 1 65             # a shrunk stack
     python experiments/round_profile.py --tiny --device cpu --reps 2        # a smoke run on a CPU
+    python experiments/round_profile.py --prompt 8192 --sizes 1 --drafters --loop 0 64 256   # whole rounds by stage
 
 After a prefill, for trees of each size (random best-first trees; 1 is an AR step) it times with
 CUDA events the graphed verify of the fast target (``StaticHybridTarget`` for the hybrid geometries,
@@ -15,11 +16,18 @@ from the profiler, hence the second, eager run; its kernel times are the graph's
 are not: ``gap_ms`` (graphed verify minus the profiled kernels) is what launches and gaps cost inside
 the graph. ``weight_read_ms`` is the weights' read time at ``--bandwidth`` (default: the card's peak; the
 floor of a one-token verify). Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
+
+``--loop`` budgets (0: AR) then run whole rounds through the loop, graphed as ``speed.py``'s fast path
+runs them (a random DFlash drafter, a best-first tree), under the profiler: per stage and round, its
+synchronised wall time, the host time of the ops and CUDA runtime calls it made (by name; the rest of
+its span is Python), its launches, graph launches, copies and synchronisations, and the kernels that
+ran in it. That is where the host stages (tree, layout) and the host side of verify and commit go.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import statistics
 import time
@@ -133,6 +141,113 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
     return rows
 
 
+# CUDA runtime calls by what they do (names as the profiler gives them).
+RUNTIME = (
+    ("syncs", ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")),
+    ("graph_launches", ("cudaGraphLaunch",)),
+    ("launches", ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel")),
+    ("copies", ("cudaMemcpy", "cudaMemset")),
+)
+
+
+def profile_loop(args, model, target, prompt: torch.Tensor, device: torch.device, budget: int) -> dict:
+    """Whole rounds of the loop (AR for budget 0, else a random DFlash drafter and a best-first tree of
+    ``budget``), graphed as ``speed.py``'s fast path runs them, under the profiler after a warm-up run.
+    Per stage and round: its synchronised wall time, the host time of the ops and CUDA runtime calls it
+    ran (by name; ``other_host_ms`` is what no op accounts for: Python), the launches, graph launches,
+    copies and synchronisations it made and the kernels that ran in it."""
+    from ddtree import SpeculativeEngine
+    from ddtree.drafters import DFlashDrafter, NullDrafter
+    from ddtree.models.geometry import random_dflash_for
+    from ddtree.trees import ChainTreeBuilder
+
+    gpu = device.type == "cuda"
+    if budget == 0:
+        drafter, tree = NullDrafter(), ChainTreeBuilder()
+    else:
+        body = random_dflash_for(model, device=str(device), dtype=next(model.parameters()).dtype)
+        drafter = DFlashDrafter(body, target, max_length=target.max_length, cuda_graphs=gpu,
+                                fuse=args.fuse_drafter and gpu)
+        tree = BestFirstTreeBuilder(budget)
+    engine = SpeculativeEngine(target, drafter, tree, timer_sync=True)
+    new = args.loop_rounds + 1  # a random drafter: about one token a round
+    engine.generate(prompt, max_new_tokens=new)  # compiles and records the graphs
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        result = engine.generate(prompt, max_new_tokens=new)
+    rounds = len(result.acceptance_lengths)
+    row = {"rounds": rounds, "stages": stage_summary(prof, rounds, args.top)}
+    for stage, ms in vars(result.stage_times).items():
+        row["stages"].setdefault(stage, {})["wall_ms"] = 1e3 * ms / rounds
+    report_loop(f"\n== loop, {'AR' if budget == 0 else f'DDTree-{budget}'}: {rounds} rounds, per round", row)
+    return row
+
+
+def stage_summary(prof, rounds: int, top: int) -> dict:
+    """The profiler's events by the ``stage:<name>`` range they fall in (``StageTimer`` opens one per
+    stage), per round: host ops by self time, runtime calls counted by kind, kernels by count and time."""
+    events = list(prof.events())
+    cpu = torch.autograd.DeviceType.CPU
+    ranges = sorted((e for e in events if e.name.startswith("stage:")), key=lambda e: e.time_range.start)
+    starts = [e.time_range.start for e in ranges]
+
+    def stage_of(e, thread_bound: bool):
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        if i < 0 or e.time_range.start > ranges[i].time_range.end or (thread_bound and e.thread != ranges[i].thread):
+            return None
+        return ranges[i].name.removeprefix("stage:")
+
+    out = defaultdict(lambda: {"host_ops_ms": 0.0, "kernels": 0, "kernel_ms": 0.0, "sync_ms": 0.0,
+                               **{kind: 0 for kind, _ in RUNTIME}, "by_op": defaultdict(lambda: [0.0, 0])})
+    spans = defaultdict(float)
+    for r in ranges:
+        spans[r.name.removeprefix("stage:")] += (r.time_range.end - r.time_range.start) / 1e3
+    for e in events:
+        if e.name.startswith("stage:"):
+            continue
+        on_host = e.device_type == cpu
+        stage = stage_of(e, thread_bound=on_host)
+        if stage is None:
+            continue
+        row = out[stage]
+        if not on_host:  # a kernel (or a device copy): where it started
+            row["kernels"] += 1
+            row["kernel_ms"] += e.device_time / 1e3
+            continue
+        ms = e.self_cpu_time_total / 1e3
+        row["host_ops_ms"] += ms
+        row["by_op"][e.name][0] += ms
+        row["by_op"][e.name][1] += 1
+        kind = next((k for k, names in RUNTIME if e.name.startswith(names)), None)
+        if kind is not None:
+            row[kind] += 1
+            if kind == "syncs":
+                row["sync_ms"] += ms
+    summary = {}
+    for stage in spans:  # every stage that ran, ops or not
+        row = out[stage]
+        by_op = sorted(row.pop("by_op").items(), key=lambda kv: -kv[1][0])[:top]
+        per_round = {k: v / rounds for k, v in row.items()}
+        per_round["span_ms"] = spans[stage] / rounds
+        per_round["other_host_ms"] = per_round["span_ms"] - per_round["host_ops_ms"]
+        per_round["top"] = [{"name": name[:120], "ms": ms / rounds, "calls": calls / rounds} for name, (ms, calls) in by_op]
+        summary[stage] = per_round
+    return summary
+
+
+def report_loop(title: str, row: dict) -> None:
+    print(title, flush=True)
+    print("  stage    wall ms  host ops  other host  sync wait  launches  graphs  copies  syncs  kernels  kernel ms")
+    for stage, s in row["stages"].items():
+        if "span_ms" not in s:
+            continue
+        print(f"  {stage:<7} {s['wall_ms']:8.3f} {s['host_ops_ms']:9.3f} {s['other_host_ms']:11.3f} {s['sync_ms']:10.3f} "
+              f"{s['launches']:9.1f} {s['graph_launches']:7.1f} {s['copies']:7.1f} {s['syncs']:6.1f} {s['kernels']:8.1f} "
+              f"{s['kernel_ms']:10.3f}")
+        for t in s["top"]:
+            print(f"            {t['ms']:8.3f} ms {t['calls']:6.1f}x  {t['name']}")
+
+
 def kind_of(name: str) -> str:
     low = name.lower()
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
@@ -159,6 +274,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fuse-drafter", action=argparse.BooleanOptionalAction, default=True,
                    help="the DFlash drafter's norms, MLP and rotary as compiled kernels (DFlashDrafter(fuse=True)), on a "
                         "GPU, as the fast path runs it (--no-fuse-drafter: the stock ops)")
+    p.add_argument("--loop", type=int, nargs="*", default=[],
+                   help="tree budgets (0: AR) whose whole rounds run through the loop under the profiler, by stage: "
+                        "host time by op, launches, copies, syncs and kernel time per round (a random DFlash drafter)")
+    p.add_argument("--loop-rounds", type=int, default=8, help="profiled rounds per --loop budget")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("round_profile.json"))
     args = p.parse_args(argv)
@@ -219,6 +338,7 @@ def main(argv=None) -> None:
     device = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
     max_length = args.prompt + max(args.sizes) * (args.reps + 8) + 64
+    max_length = max(max_length, args.prompt + (max(args.loop, default=0) + 1) * (2 * args.loop_rounds + 8) + 64)
     if fast is StaticHybridTarget:
         triton = {"auto": None, "on": True, "off": False}[args.triton]
         graphed = StaticHybridTarget(model, max_length, cuda_graphs=device.type == "cuda", triton=triton)
@@ -272,6 +392,11 @@ def main(argv=None) -> None:
         args.out.write_text(json.dumps(result, indent=1))  # after every size: a cut run keeps what it measured
     if args.drafters:
         result["drafters"] = profile_drafters(args, model, graphed, prompt, device)
+    if args.loop:
+        result["loop"] = {}
+        for budget in args.loop:
+            result["loop"][budget] = profile_loop(args, model, graphed, prompt, device, budget)
+            args.out.write_text(json.dumps(result, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"\nwritten {args.out}")

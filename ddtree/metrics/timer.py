@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 import torch
@@ -16,7 +16,9 @@ STAGES = ("draft", "tree", "layout", "verify", "commit")
 class StageTimer:
     """Sums wall time per stage. With ``sync`` set, CUDA work is finished before each reading,
     so a stage is charged for its own kernels (at the price of one synchronisation per stage).
-    Without CUDA there is nothing to wait for, and ``sync`` is ignored.
+    Without CUDA there is nothing to wait for, and ``sync`` is ignored. Under ``torch.profiler`` each
+    stage is also a named range, ``stage:<name>``, so a trace shows which stage every op ran in
+    (``experiments/round_profile.py --loop`` sums them); without a profiler no range is opened.
     """
 
     def __init__(self, sync: bool | None = None) -> None:
@@ -30,11 +32,14 @@ class StageTimer:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        start = self.now()
-        try:
-            yield
-        finally:
-            self.totals[name] += self.now() - start
+        named = torch.profiler.record_function(f"stage:{name}") if torch.autograd.profiler._is_profiler_enabled \
+            else nullcontext()
+        with named:
+            start = self.now()
+            try:
+                yield
+            finally:
+                self.totals[name] += self.now() - start
 
     def result(self) -> StageTimes:
         return StageTimes(**self.totals)

@@ -141,3 +141,22 @@ def test_profile_runs_on_cpu(tmp_path, geometry):
     assert report["weight_read_ms"] > 0
     assert list(report["drafters"]) == (["dflash", "mtp"] if geometry == "qwen3.6-27b" else ["dflash"])  # the drafts of a round, profiled the same way
     assert all(row["eager_ms"] > 0 and len(row["top"]) == 3 for row in report["drafters"].values())
+
+
+def test_profile_of_whole_rounds_splits_them_by_stage(tmp_path):
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(REPO / "experiments" / "round_profile.py"), "--tiny", "--device", "cpu",
+           "--geometry", "qwen3.6-27b", "--prompt", "16", "--sizes", "1", "--reps", "1", "--top", "4",
+           "--drafters", "--loop", "0", "8", "--loop-rounds", "3", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    loop = json.loads(out.read_text())["loop"]
+    assert list(loop) == ["0", "8"]
+    for budget, row in loop.items():
+        stages = row["stages"]
+        assert row["rounds"] >= 2 and {"tree", "layout", "verify", "commit"} <= set(stages)
+        assert stages["verify"]["wall_ms"] > 0 and stages["verify"]["host_ops_ms"] > 0
+        assert len(stages["verify"]["top"]) == 4 and stages["verify"]["kernels"] == 0  # no GPU here
+    assert loop["8"]["stages"]["draft"]["host_ops_ms"] > loop["0"]["stages"]["draft"]["host_ops_ms"]
+    assert "== loop, DDTree-8" in run.stdout
