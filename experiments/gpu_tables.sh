@@ -8,7 +8,8 @@
 # before the deadline (DEADLINE seconds from the start, default 570, less a 10-s margin); a step cut by it
 # keeps what it wrote (speed.py and round_profile.py write after every row). The steps run in the order
 # given and stop at the deadline. Hydra must be importable (speed.py is a Hydra app); PYTHON (python3)
-# runs everything, NW (8) is the GPU suite's pytest-xdist workers.
+# runs everything, NW (8) is the GPU suite's pytest-xdist workers. PRINT=1 prints each step's command
+# line and runs nothing (the CPU tests check those lines parse).
 #
 # Steps:
 #   suite-fast suite-hybrid suite-long suite-mtp   tests/gpu/test_{fast_path_exact,hybrid_fast_path,long_context,mtp_graph}.py
@@ -50,6 +51,10 @@ command_for() {
 
 for step in "$@"; do
   cmd=$(command_for "$step") || { echo "unknown step '$step': see the list at the top of $0" >&2; exit 2; }
+  if [[ -n "${PRINT:-}" ]]; then
+    echo "$cmd"
+    continue
+  fi
   left=$(( END - $(date +%s) ))
   if (( left < 30 )); then
     echo "== $step: not run, ${left}s left before the deadline" | tee -a "$OUT/steps.log"

@@ -322,3 +322,31 @@ def test_gemm_rows_bench_counts_every_linear_weight_once_plain_and_fused(monkeyp
     with pytest.raises(SystemExit, match="no CUDA device"):  # without a GPU: one line, before any work
         bench.main([])
     assert sum(plain.values()) == 64 * 3 + 48 * 5 + 16 * 4 + 1 and sum(fused.values()) == 64 * 2 + 64 * 2 + 1
+
+
+def test_every_gpu_tables_step_is_a_command_line_its_tool_takes(tmp_path):
+    """``gpu_tables.sh`` under ``PRINT=1``: each step's command, as the GPU run would start it, parses:
+    speed.py's overrides compose (``--cfg job``), the profilers' flags parse, the suite files exist."""
+    script = ROOT / "experiments" / "gpu_tables.sh"
+    steps = [s for line in script.read_text().split("# Steps:")[1].split("set -uo")[0].splitlines()
+             for s in line.lstrip("# ").split("  ")[0].split() if s]
+    env = {**os.environ, "OUT": str(tmp_path), "PRINT": "1", "PYTHON": sys.executable}
+    printed = subprocess.run(["bash", str(script), *steps], env=env, capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    assert len(lines) == len(steps) >= 10
+    for line in lines:
+        argv = line.split()[1:]
+        if argv[:2] == ["-m", "pytest"]:
+            assert (ROOT / argv[4]).is_file(), line
+        elif argv[0].endswith("speed.py"):
+            check = subprocess.run([sys.executable, *argv, "--cfg", "job"], cwd=ROOT, capture_output=True, text=True,
+                                   timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+            assert check.returncode == 0, f"{line}\n{check.stderr[-2000:]}"
+        else:
+            spec = importlib.util.spec_from_file_location("tool", ROOT / argv[0])
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            module.parse_args(argv[1:])
+    bad = subprocess.run(["bash", str(script), "no-such-step"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown step 'no-such-step'" in bad.stderr
