@@ -81,11 +81,11 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     parents = random_tree(n, gen).to(dev)
     anc, taps = ancestor_matrix(parents), conv_taps(parents, k)
     r = lambda *shape: torch.randn(*shape, generator=gen).to(dev)  # noqa: E731
-    x, a, beta = r(n, channels).to(bf16), r(n, h).to(bf16), torch.rand(n, h, generator=gen).to(dev, bf16)
+    x, a, logits = r(n, channels).to(bf16), r(n, h).to(bf16), r(n, h).to(bf16)  # logits: in_proj_b's output
     a_log, dt_bias = 0.5 * r(h), 0.5 * r(h)
     window, weight, s0 = r(channels, k).to(bf16), (0.5 * r(channels, k)).to(bf16), 0.1 * r(h, d, d)
-    mix_args = (x, a, beta, a_log, dt_bias, window, weight, None, s0, taps, anc, hk * d, hk * d, d)
-    prologue_args = (x, a, beta, a_log, dt_bias, window, weight, None, taps, anc, hk * d, hk * d, d)
+    mix_args = (x, a, logits, a_log, dt_bias, window, weight, None, s0, taps, anc, hk * d, hk * d, d)
+    prologue_args = (x, a, logits, a_log, dt_bias, window, weight, None, taps, anc, hk * d, hk * d, d)
     row: dict = {"n": n}
     torch_mix, prologue = fused.compiled(tree_mix), fused.compiled(tree_mix_inputs)
     row["mix/torch"] = graphed_us(lambda: torch_mix(*mix_args), args.reps)
@@ -101,20 +101,20 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
 
     def triton_prologue():
         tree_conv_heads(x, window, weight, None, taps, hk * d, d)
-        tree_decay(a, beta, a_log, dt_bias, anc)
+        tree_decay(a, logits, a_log, dt_bias, anc, beta_logits=True)
 
     q, key, v, gamma, b = prologue(*prologue_args)
     tq, tk, tv = tree_conv_heads(x, window, weight, None, taps, hk * d, d)
-    tg, tb = tree_decay(a, beta, a_log, dt_bias, anc)
+    tg, tb = tree_decay(a, logits, a_log, dt_bias, anc, beta_logits=True)
     row["prologue/triton"] = {
         "us": graphed_us(triton_prologue, args.reps),
         "max_diff": {name: float((got.reshape(mine.shape) - mine).abs().max())
                      for name, got, mine in (("q", tq, q), ("k", tk, key), ("v", tv, v), ("gamma", tg, gamma),
                                              ("beta", tb, b))}}
-    one = tree_prologue(x, window, weight, None, taps, hk * d, d, a, beta, a_log, dt_bias, anc)
+    one = tree_prologue(x, window, weight, None, taps, hk * d, d, a, logits, a_log, dt_bias, anc, beta_logits=True)
     row["prologue/triton_one"] = {
-        "us": graphed_us(lambda: tree_prologue(x, window, weight, None, taps, hk * d, d, a, beta, a_log, dt_bias, anc),
-                         args.reps),
+        "us": graphed_us(lambda: tree_prologue(x, window, weight, None, taps, hk * d, d, a, logits, a_log, dt_bias, anc,
+                                               beta_logits=True), args.reps),
         "bitwise": all(torch.equal(got, mine) for got, mine in zip(one, (tq, tk, tv, tg, tb)))}
     conv = fused.compiled(tree_causal_conv1d)
     row["conv/compiled"] = graphed_us(lambda: conv(x, None, window, weight, None, taps), args.reps)

@@ -251,11 +251,14 @@ def tree_conv_heads_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_
 
 @triton.jit
 def decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, block, H, stride_a, stride_b,
-               stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr):
+               stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr,
+               SIGMOID: tl.constexpr):
     """The GDN decay summed along each node's root path, for node block ``block`` (``BN`` nodes) and every head:
     ``gamma_i = sum_j anc[i, j] g_j`` with ``g = -exp(A_log) softplus(a + dt_bias)`` in float32 (softplus
     as torch's: x past 20, else log1p(exp(x))); and beta in float32. Both stored as [N, H] (N a constant, as the
-    verify sizes are: a loop bound the interpreter can read)."""
+    verify sizes are: a loop bound the interpreter can read). ``SIGMOID``: ``beta_ptr`` holds the projection's
+    logits b, and beta is sigmoid(b) computed in float32 and rounded to b's dtype, as the layer's
+    ``b.sigmoid()`` gives it."""
     rows = block * BN + tl.arange(0, BN)
     heads = tl.arange(0, HP)
     live, lane = rows < N, heads < H
@@ -278,15 +281,18 @@ def decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta
     out = rows[:, None] * H + heads[None, :]
     tl.store(gamma_ptr + out, acc, mask=live[:, None] & lane[None, :])
     beta = tl.load(beta_ptr + rows[:, None] * stride_b + heads[None, :], mask=live[:, None] & lane[None, :], other=0.0)
+    if SIGMOID:
+        beta = (1.0 / (1.0 + tl.exp(-beta.to(tl.float32)))).to(beta_ptr.dtype.element_ty)
     tl.store(beta_out_ptr + out, beta.to(tl.float32), mask=live[:, None] & lane[None, :])
 
 
 @triton.jit
 def tree_decay_kernel(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, H, stride_a, stride_b,
-                      stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr):
+                      stride_an, N: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, HP: tl.constexpr,
+                      SIGMOID: tl.constexpr):
     """``decay_tile`` for a program's node block."""
     decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, tl.program_id(0), H, stride_a,
-               stride_b, stride_an, N, BN, BJ, HP)
+               stride_b, stride_an, N, BN, BJ, HP, SIGMOID)
 
 
 @triton.jit
@@ -294,7 +300,7 @@ def tree_prologue_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_pt
                          beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, C, KEY, H, stride_x,
                          stride_a, stride_b, stride_an, scale, eps, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                          COPY: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BJ: tl.constexpr,
-                         HP: tl.constexpr):
+                         HP: tl.constexpr, SIGMOID: tl.constexpr):
     """``tree_conv_heads_kernel`` and ``tree_decay_kernel`` in one launch, on the grid (node blocks, C / DK + 1):
     the programs of columns below C / DK run ``conv_heads_tile`` for their head, those of the last column
     ``decay_tile`` for the same node block (N nodes in all)."""
@@ -304,4 +310,4 @@ def tree_prologue_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_pt
                         N, C, KEY, stride_x, scale, eps, K, HAS_BIAS, COPY, BN, DK)
     else:
         decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, block, H, stride_a,
-                   stride_b, stride_an, N, BN, BJ, HP)
+                   stride_b, stride_an, N, BN, BJ, HP, SIGMOID)

@@ -276,16 +276,19 @@ def _decay_launch(a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: 
 
 def tree_decay(
     a: Tensor,  # [n, H] in_proj_a output (rows may be strided)
-    beta: Tensor,  # [n, H] sigmoid of in_proj_b, model dtype
+    beta: Tensor,  # [n, H] sigmoid of in_proj_b, model dtype (``beta_logits``: in_proj_b's output itself)
     a_log: Tensor,  # [H]
     dt_bias: Tensor,  # [H]
     anc: Tensor,  # [n, n] bool, ``ancestor_matrix``
     gamma_out: Tensor | None = None,  # [n, H] contiguous float32: where gamma goes
     block_nodes: int = 16,
     block_cols: int = DECAY_COLS,
+    beta_logits: bool = False,
 ) -> tuple[Tensor, Tensor]:  # gamma, beta [n, H] float32
     """The path-summed log decay ``gamma = anc @ g`` with ``g = -exp(A_log) softplus(a + dt_bias)``, and beta
-    in float32, as ``gdn_tree_layer.mix_inputs_after_conv`` computes them, in one kernel.
+    in float32, as ``gdn_tree_layer.mix_inputs_after_conv`` computes them, in one kernel. ``beta_logits``: ``beta``
+    is in_proj_b's output and the kernel takes its sigmoid (in float32, rounded to its dtype as ``b.sigmoid()``
+    is; Triton's exp, so within an ulp or two of torch's), which saves the layer a launch.
 
     >>> gamma, beta32 = tree_decay(a, beta, module.A_log, module.dt_bias, anc)   # doctest: +SKIP
     """
@@ -295,7 +298,7 @@ def tree_decay(
         return gamma, beta_out
     operands, strides = _decay_launch(a, beta, a_log, dt_bias, anc, gamma, beta_out)
     _kernels().tree_decay_kernel[(-(-n // block_nodes),)](
-        *operands, h, *strides, N=n, BN=block_nodes, BJ=block_cols, HP=tile(h),
+        *operands, h, *strides, N=n, BN=block_nodes, BJ=block_cols, HP=tile(h), SIGMOID=beta_logits,
     )
     return gamma, beta_out
 
@@ -303,10 +306,10 @@ def tree_decay(
 def tree_prologue(x: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None, taps: Tensor, key_dim: int, dk: int,
                   a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor, copy: Tensor | None = None,
                   keys_out: Tensor | None = None, gamma_out: Tensor | None = None,
-                  block_nodes: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  block_nodes: int = 16, beta_logits: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``tree_conv_heads(x, window, weight, bias, taps, key_dim, dk, copy=copy, keys_out=keys_out)`` then
-    ``tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=gamma_out)`` (shapes and checks as there) in one
-    launch, the same values bit for bit: q, k [n, key_dim / dk, dk], v [n, C - 2 key_dim], gamma and beta
+    ``tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=gamma_out, beta_logits=beta_logits)`` (shapes and checks
+    as there) in one launch, the same values bit for bit: q, k [n, key_dim / dk, dk], v [n, C - 2 key_dim], gamma and beta
     [n, H], all float32. Per node block, a program per head runs the conv's work and one more the decay's
     (which reads no conv output): everything ``gdn_tree_layer.tree_mix_triton`` computes before the rule.
 
@@ -322,6 +325,6 @@ def tree_prologue(x: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None
     decay, strides = _decay_launch(a, beta, a_log, dt_bias, anc, gamma, beta_out)
     _kernels().tree_prologue_kernel[(-(-n // block_nodes), c // dk + 1)](
         *heads, *decay, c, key_dim, h, heads[0].stride(0), *strides, dk**-0.5, 1e-6, N=n, BN=block_nodes,
-        BJ=DECAY_COLS, HP=tile(h), **constants,
+        BJ=DECAY_COLS, HP=tile(h), SIGMOID=beta_logits, **constants,
     )
     return q, keys, v, gamma, beta_out

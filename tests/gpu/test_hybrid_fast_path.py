@@ -139,12 +139,14 @@ def test_the_rule_s_output_in_the_model_dtype_is_the_float32_one_cast(n, split):
     assert torch.equal(updates, updates32)
 
 
+@pytest.mark.parametrize("logits", [False, True], ids=["beta", "beta-logits"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 65, 257])
-def test_the_one_launch_prologue_equals_its_two_kernels(n, dtype):
+def test_the_one_launch_prologue_equals_its_two_kernels(n, dtype, logits):
     """``tree_prologue`` compiled on the GPU against ``tree_conv_heads`` then ``tree_decay``, at Qwen3.6-27B's
     GDN sizes (16 key heads and 48 value heads of 128): q, k, v, gamma, beta and the copy of x bit for bit,
-    with x, a and beta strided column views of one projection's output, as the fused projections give."""
+    with x, a and beta strided column views of one projection's output, as the fused projections give. With
+    ``beta_logits`` (what the fast path runs) beta is also within two ulps of the dtype of torch's sigmoid."""
     gen = torch.Generator().manual_seed(n)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
     hk, h, dk, dv, k = 16, 48, 128, 128, 4
@@ -152,19 +154,22 @@ def test_the_one_launch_prologue_equals_its_two_kernels(n, dtype):
     r = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).cuda()  # noqa: E731
     projection = r(n, c + 2 * h + 8)  # x, then a and b, in one row as the fused GDN projection leaves them
     x, a = projection[:, :c], projection[:, c + 3:c + 3 + h]
-    beta = projection[:, c + 3 + h:c + 3 + 2 * h].sigmoid()
+    beta = projection[:, c + 3 + h:c + 3 + 2 * h]
+    beta = beta if logits else beta.sigmoid()
     window, weight, bias = r(c, k), (0.5 * r(c, k)).to(dtype), r(c)
     a_log, dt_bias = torch.randn(h, generator=gen).cuda(), r(h)
     parents = parents.cuda()
     taps, anc = conv_taps(parents, k), ancestor_matrix(parents)
     conv = (x, window, weight, bias, taps, key_dim, dk)
     copy = torch.full((n, c), float("nan"), dtype=dtype, device="cuda")
-    want = (*gdn_tree_triton.tree_conv_heads(*conv, copy=copy), *gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc),
-            copy)
+    want = (*gdn_tree_triton.tree_conv_heads(*conv, copy=copy),
+            *gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, beta_logits=logits), copy)
     copy = torch.full_like(copy, float("nan"))
-    got = (*gdn_tree_triton.tree_prologue(*conv, a, beta, a_log, dt_bias, anc, copy=copy), copy)
+    got = (*gdn_tree_triton.tree_prologue(*conv, a, beta, a_log, dt_bias, anc, copy=copy, beta_logits=logits), copy)
     for name, have, expected in zip(("q", "k", "v", "gamma", "beta", "copy"), got, want):
         assert have.dtype == expected.dtype and torch.equal(have, expected), name
+    if logits:
+        torch.testing.assert_close(got[4], beta.sigmoid().float(), atol=0, rtol=2 * torch.finfo(dtype).eps)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

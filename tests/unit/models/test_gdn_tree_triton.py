@@ -197,15 +197,33 @@ def test_tree_decay_matches_the_torch_decay(interpreted, n, h, strided):
     a = (8 * torch.randn(n, h + 3, generator=gen))[:, 1:1 + h] if strided else 8 * torch.randn(n, h, generator=gen)
     a[0, 0], a[-1, -1] = 30.0, -40.0
     a = a.to(torch.bfloat16)
-    beta = torch.rand(n, h, generator=gen).to(torch.bfloat16)
+    logits = (4 * torch.randn(n, h, generator=gen)).to(torch.bfloat16)  # in_proj_b's output
     a_log, dt_bias = torch.randn(h, generator=gen), torch.randn(h, generator=gen).to(torch.bfloat16)
     mixed = torch.zeros(n, 16 * (2 + h), dtype=torch.bfloat16)  # one key head, a value head of 16 per head
-    *_, gamma, beta32 = mix_inputs_after_conv(mixed, a, beta, a_log, dt_bias, anc, 16, 16)
+    *_, gamma, beta32 = mix_inputs_after_conv(mixed, a, logits, a_log, dt_bias, anc, 16, 16)
     out = torch.full((n, h), float("nan"))
-    got_gamma, got_beta = gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=out)
+    got_gamma, got_beta = gdn_tree_triton.tree_decay(a, logits.sigmoid(), a_log, dt_bias, anc, gamma_out=out)
     assert got_gamma is out
     torch.testing.assert_close(got_gamma, gamma, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_beta, beta32, atol=0, rtol=0)
+    # The sigmoid in the kernel: the same gamma, beta within an ulp of bf16 (Triton's exp, the interpreter's
+    # rounding to bf16).
+    got_gamma, got_beta = gdn_tree_triton.tree_decay(a, logits, a_log, dt_bias, anc, beta_logits=True)
+    torch.testing.assert_close(got_gamma, gamma, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_beta, beta32, atol=0, rtol=2**-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_tree_decay_takes_the_sigmoid_of_beta_logits_as_torch_does(interpreted, dtype):
+    """``beta_logits``: beta = sigmoid(b) in float32 rounded to b's dtype, within two ulps of that dtype of
+    torch's ``b.sigmoid()`` (Triton's exp against torch's), over logits from -30 to 30."""
+    n, h = 20, 6
+    logits = torch.linspace(-30, 30, n * h).reshape(n, h).to(dtype)
+    anc = ancestor_matrix(torch.arange(-1, n - 1))
+    _, got = gdn_tree_triton.tree_decay(torch.zeros(n, h, dtype=dtype), logits, torch.zeros(h), torch.zeros(h), anc,
+                                        beta_logits=True)
+    want = logits.sigmoid().float()
+    torch.testing.assert_close(got, want, atol=0, rtol=2 * torch.finfo(dtype).eps)
 
 
 def test_tree_conv_heads_and_tree_decay_refuse_what_does_not_fit():
@@ -222,10 +240,11 @@ def test_tree_conv_heads_and_tree_decay_refuse_what_does_not_fit():
                                    torch.eye(2, dtype=torch.bool), gamma_out=torch.zeros(4, 2).t())
 
 
+@pytest.mark.parametrize("logits", [False, True], ids=["beta", "beta-logits"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n, dk, dv, h, bias", [(1, 16, 16, 4, False), (5, 16, 48, 5, True), (19, 32, 32, 4, False),
                                                 (37, 16, 16, 3, True)])
-def test_tree_prologue_equals_tree_conv_heads_then_tree_decay(interpreted, n, dk, dv, h, bias, dtype):
+def test_tree_prologue_equals_tree_conv_heads_then_tree_decay(interpreted, n, dk, dv, h, bias, dtype, logits):
     """``tree_prologue`` (one launch) against ``tree_conv_heads`` then ``tree_decay`` on the same inputs, on
     random forests of one to three node blocks: q, k, v, gamma, beta and the copy of x bit for bit, with x, a
     and beta strided column views (a fused projection's output) and the keys and gamma written into given
@@ -240,7 +259,8 @@ def test_tree_prologue_equals_tree_conv_heads_then_tree_decay(interpreted, n, dk
     x, window, weight = r(n, c + 5)[:, 2:2 + c], r(c, k), r(c, k)
     b = r(c) if bias else None
     projection = (8 * torch.randn(n, 2 * h + 3, generator=gen)).to(dtype)  # a and b side by side, as fused
-    a, beta = projection[:, 1:1 + h], projection[:, 1 + h:1 + 2 * h].sigmoid()
+    a, beta = projection[:, 1:1 + h], projection[:, 1 + h:1 + 2 * h]
+    beta = beta if logits else beta.sigmoid()
     a_log, dt_bias = torch.randn(h, generator=gen), torch.randn(h, generator=gen).to(dtype)
     taps, anc = conv_taps(parents, k), ancestor_matrix(parents)
     conv = (x, window, weight, b, taps, key_dim, dk)
@@ -248,10 +268,10 @@ def test_tree_prologue_equals_tree_conv_heads_then_tree_decay(interpreted, n, dk
                     torch.full((n, h), float("nan")))
     copy, keys, gamma = outs()
     want = (*gdn_tree_triton.tree_conv_heads(*conv, copy=copy, keys_out=keys),
-            *gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=gamma), copy)
+            *gdn_tree_triton.tree_decay(a, beta, a_log, dt_bias, anc, gamma_out=gamma, beta_logits=logits), copy)
     copy, keys, gamma = outs()
     got = (*gdn_tree_triton.tree_prologue(*conv, a, beta, a_log, dt_bias, anc, copy=copy, keys_out=keys,
-                                          gamma_out=gamma), copy)
+                                          gamma_out=gamma, beta_logits=logits), copy)
     assert got[1] is keys and got[3] is gamma
     for name, have, expected in zip(("q", "k", "v", "gamma", "beta", "copy"), got, want):
         assert have.dtype == expected.dtype and torch.equal(have, expected), name
