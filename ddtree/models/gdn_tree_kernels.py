@@ -311,3 +311,28 @@ def tree_prologue_kernel(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, q_pt
     else:
         decay_tile(a_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, anc_ptr, gamma_ptr, beta_out_ptr, block, H, stride_a,
                    stride_b, stride_an, N, BN, BJ, HP, SIGMOID)
+
+
+@triton.jit
+def commit_state_kernel(state_ptr, gamma_ptr, keys_ptr, updates_ptr, path_ptr, A, H, R, N,
+                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, AP: tl.constexpr):
+    """The accepted path's recurrent state, in place and in one pass over it: for GDN layer g and value head h
+    (program 0: g * H + h) and ``BV`` value columns (program 1),
+    ``S = e^{gamma_a} S + sum_j e^{gamma_a - gamma_j} k_j u_j^T`` over the A path nodes (``path``, at most
+    ``AP``), gamma, k and u read from the verify's stash ([G, N, H], [G, N, H / R, DK], [G, N, H, DV])."""
+    gh = tl.program_id(0)
+    g, h = gh // H, gh % H
+    dv = tl.program_id(1) * BV + tl.arange(0, BV)
+    dk = tl.arange(0, DK)
+    j = tl.arange(0, AP)
+    on = j < A
+    node = tl.load(path_ptr + j, mask=on, other=0)
+    rows = g * N + node  # [AP] stash rows
+    gamma = tl.load(gamma_ptr + rows * H + h, mask=on, other=0.0)
+    last = tl.load(gamma_ptr + (g * N + tl.load(path_ptr + A - 1)) * H + h)
+    weight = tl.where(on, tl.exp(last - gamma), 0.0)  # [AP]
+    keys = tl.load(keys_ptr + (rows[:, None] * (H // R) + h // R) * DK + dk[None, :], mask=on[:, None], other=0.0)
+    updates = tl.load(updates_ptr + (rows[:, None] * H + h) * DV + dv[None, :], mask=on[:, None], other=0.0)
+    written = tl.dot(tl.trans(keys * weight[:, None]), updates, input_precision="ieee")  # [DK, BV]
+    cells = state_ptr + gh * DK * DV + dk[:, None] * DV + dv[None, :]
+    tl.store(cells, tl.exp(last) * tl.load(cells) + written)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 
 import torch
 from torch import Tensor
@@ -328,3 +329,34 @@ def tree_prologue(x: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None
         BJ=DECAY_COLS, HP=tile(h), SIGMOID=beta_logits, **constants,
     )
     return q, keys, v, gamma, beta_out
+
+
+def commit_state(state: Tensor, log_decay: Tensor, keys: Tensor, updates: Tensor, path: Tensor,
+                 value_block: int = 32) -> Tensor:
+    """The recurrent states after the accepted ``path`` ([a] node indices on the device, root first), written
+    into ``state`` ([G, H, dk, dv] contiguous float32, the committed states) in one pass: per GDN layer
+    ``S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T`` (``gdn_tree.commit_delta_state``) from the
+    verify's stash, ``log_decay`` [G, n, H], ``keys`` [G, n, Hk, dk] and ``updates`` [G, n, H, dv] (float32).
+    Where the torch form scales the states, then adds a batched GEMM into them, reading and writing them
+    twice, this reads and writes them once (151 MB each way on Qwen3.6-27B). Returns ``state``.
+
+    >>> commit_state(target.recurrent, stash.log_decay, stash.keys, stash.updates, path)   # doctest: +SKIP
+    """
+    g, h, dk, dv = state.shape
+    a = path.shape[0]
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(f"state must be a contiguous float32 [G, H, dk, dv] tensor, got {state.dtype} "
+                         f"strides {state.stride()}")
+    if a == 0:
+        raise ValueError("commit_state of an empty path: the root is always accepted; pass at least node 0")
+    if path.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"path must hold node indices (int32 or int64), got {path.dtype}")
+    block = math.gcd(dv, value_block)  # a power of two dividing dv: the value columns of a program
+    if block < 16 or dk != tile(dk):
+        raise ValueError(f"commit_state needs dk a power of two >= 16 and dv a multiple of 16, got {dk} and {dv}")
+    n, hk = keys.shape[1], keys.shape[2]
+    stash = (log_decay.contiguous(), keys.contiguous(), updates.contiguous())
+    _kernels().commit_state_kernel[(g * h, dv // block)](
+        state, *stash, path.contiguous(), a, h, h // hk, n, DK=dk, DV=dv, BV=block, AP=tile(a),
+    )
+    return state

@@ -178,7 +178,15 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
                if self.fused_projections else "")
             + (" (to be compiled at the first verify: a failure there falls back, with a warning)"
                if self.fuse and not self._probed else ""),
+            "commit": "Triton recurrent-state update, one pass" if self._commit_kernel()
+            else "torch recurrent-state update (scale, then a batched GEMM)",
         }
+
+    def _commit_kernel(self) -> bool:
+        """Whether the commit updates the recurrent states with ``gdn_tree_triton.commit_state``: with the Triton
+        tree kernels, float32 states and head sizes it tiles (dk a power of two >= 16, dv a multiple of 16)."""
+        _, _, dk, dv = self.recurrent.shape
+        return self.triton and self.recurrent.dtype == torch.float32 and dk == gdn_tree_triton.tile(dk) and dv % 16 == 0
 
     def set_taps(self, layers: Sequence[int]) -> None:
         if tuple(layers) != self._taps:
@@ -377,17 +385,19 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         """The commit's device work for the accepted nodes ``idx`` ``[a]``; the K/V rows move from
         ``past + idx`` to ``past + 0..a-1`` (``past`` None: a pure prefix, already in place)."""
         a = idx.shape[0]
-        # Recurrent state, in place: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state),
-        # the sum one batched rank-a GEMM accumulated into the slab: no [G, H, dk, dv] temporary.
-        g, h, dk, dv = self.recurrent.shape
-        gamma = stash.log_decay.index_select(1, idx)  # [G, a, H]
-        keys = stash.keys.index_select(1, idx)  # [G, a, Hk, dk]
-        hk = keys.shape[2]
-        weighted = (gamma[:, -1:] - gamma).exp().view(g, a, hk, h // hk, 1) * keys[:, :, :, None]  # [G, a, Hk, r, dk]
-        weighted = weighted.reshape(g, a, h, dk).permute(0, 2, 3, 1).reshape(g * h, dk, a)
-        updates = stash.updates.index_select(1, idx).permute(0, 2, 1, 3).reshape(g * h, a, dv)
-        state = self.recurrent.view(g * h, dk, dv)
-        state.mul_(gamma[:, -1].exp().reshape(g * h, 1, 1)).baddbmm_(weighted, updates)
+        # Recurrent state, in place: S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T (commit_delta_state).
+        if self._commit_kernel():  # one Triton launch, one pass over the slab
+            gdn_tree_triton.commit_state(self.recurrent, stash.log_decay, stash.keys, stash.updates, idx)
+        else:  # the sum one batched rank-a GEMM accumulated into the slab: no [G, H, dk, dv] temporary
+            g, h, dk, dv = self.recurrent.shape
+            gamma = stash.log_decay.index_select(1, idx)  # [G, a, H]
+            keys = stash.keys.index_select(1, idx)  # [G, a, Hk, dk]
+            hk = keys.shape[2]
+            weighted = (gamma[:, -1:] - gamma).exp().view(g, a, hk, h // hk, 1) * keys[:, :, :, None]  # [G, a, Hk, r, dk]
+            weighted = weighted.reshape(g, a, h, dk).permute(0, 2, 3, 1).reshape(g * h, dk, a)
+            updates = stash.updates.index_select(1, idx).permute(0, 2, 1, 3).reshape(g * h, a, dv)
+            state = self.recurrent.view(g * h, dk, dv)
+            state.mul_(gamma[:, -1].exp().reshape(g * h, 1, 1)).baddbmm_(weighted, updates)
         # Conv windows: the last K columns of window + path inputs.
         fed = stash.conv_inputs.index_select(1, idx).transpose(1, 2)  # [G, C, a]
         self.conv.copy_(torch.cat([self.conv, fed], dim=2)[:, :, -self.kernel_size:])

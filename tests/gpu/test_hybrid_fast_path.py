@@ -195,3 +195,24 @@ def test_the_triton_tree_conv_equals_the_torch_tree_conv(n, dtype):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     else:
         torch.testing.assert_close(got, tree_causal_conv1d(x, None, window, weight, bias, taps), atol=1e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("a", [1, 5, 16])
+def test_the_one_pass_commit_equals_the_commit_formula(a):
+    """``commit_state`` compiled on the GPU, at Qwen3.6-27B's GDN sizes (16 key heads, 48 value heads of 128;
+    8 of its 48 layers), from a 65-node stash: each layer's ``commit_delta_state`` of the same path in fp64,
+    within 1e-5 (IEEE float32 dots)."""
+    from ddtree.models.gdn_tree import DeltaTreeResult, commit_delta_state
+
+    gen = torch.Generator().manual_seed(a)
+    layers, n, hk, h, dk, dv = 8, 65, 16, 48, 128, 128
+    x = lambda *shape: torch.randn(*shape, generator=gen).cuda()  # noqa: E731
+    keys, updates = l2norm(x(layers, n, hk, dk)), x(layers, n, h, dv)
+    gamma, state = -3 * torch.rand(layers, n, h, generator=gen).cuda(), x(layers, h, dk, dv)
+    path = torch.tensor(sorted(torch.randperm(n - 1, generator=gen)[:a - 1].tolist()), dtype=torch.long)
+    path = torch.cat([torch.zeros(1, dtype=torch.long), path + 1]).cuda()
+    want = torch.stack([commit_delta_state(DeltaTreeResult(out=None, keys=keys[g].double(), updates=updates[g].double(),
+                                                           log_decay=gamma[g].double(), initial_state=state[g].double()),
+                                           path) for g in range(layers)])
+    got = gdn_tree_triton.commit_state(state.clone(), gamma, keys, updates, path)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

@@ -160,3 +160,28 @@ def test_profile_of_whole_rounds_splits_them_by_stage(tmp_path):
         assert len(stages["verify"]["top"]) == 4 and stages["verify"]["kernels"] == 0  # no GPU here
     assert loop["8"]["stages"]["draft"]["host_ops_ms"] > loop["0"]["stages"]["draft"]["host_ops_ms"]
     assert "== loop, DDTree-8" in run.stdout
+
+
+def test_the_triton_tree_kernels_and_commit_decode_greedy_under_the_interpreter(model, monkeypatch):
+    """The hybrid fast path with its Triton kernels forced on, run by Triton's interpreter on the CPU: the
+    one-launch prologue (beta's sigmoid included), the tree delta rule and the one-pass commit of the
+    recurrent states, through whole DDTree and AR decodes: the target's greedy tokens."""
+    pytest.importorskip("triton")
+    from ddtree.models import gdn_tree_triton
+    from ddtree.models.hybrid_static import StaticHybridTarget
+    from ddtree.testing import triton_interpreted
+
+    calls = {"commit_state": 0, "tree_prologue": 0}
+    for name in calls:
+        real = getattr(gdn_tree_triton, name)
+        monkeypatch.setattr(gdn_tree_triton, name, lambda *a, _real=real, _name=name, **k: calls.__setitem__(
+            _name, calls[_name] + 1) or _real(*a, **k))
+    with triton_interpreted("ddtree.models.gdn_tree_kernels", gdn_tree_triton._kernels):
+        target = StaticHybridTarget(model, max_length=256, cuda_graphs=False, fuse=False, fuse_projections=False)
+        target.triton = True  # what a GPU with Triton gets; the interpreter runs the kernels here
+        assert target.kernels()["commit"].startswith("Triton")
+        for drafter, tree in ((_oracle(model), BestFirstTreeBuilder(12)), (NullDrafter(), ChainTreeBuilder())):
+            engine = SpeculativeEngine(target, drafter, tree, verifier=GreedyVerifier())
+            prompt = _prompt(9, seed=4)
+            assert engine.generate(prompt, max_new_tokens=24).tokens == _greedy_reference(model, prompt, 24)
+    assert calls["commit_state"] > 0 and calls["tree_prologue"] > 0

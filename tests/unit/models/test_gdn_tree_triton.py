@@ -290,3 +290,38 @@ def test_tree_prologue_refuses_what_the_two_kernels_refuse():
         gdn_tree_triton.tree_prologue(*conv, *decay, copy=torch.zeros(64, 2).t())
     with pytest.raises(ValueError, match="gamma_out must be a contiguous"):
         gdn_tree_triton.tree_prologue(*conv, *decay, gamma_out=torch.zeros(4, 2).t())
+
+
+@pytest.mark.parametrize("path, r, value_block", [([0], 3, 32), ([0, 2, 5], 1, 48), ([1, 3, 4, 8, 9, 12, 13, 15, 16, 17, 18,
+                                                                                     19, 20, 21, 22, 23, 24], 2, 32)])
+def test_commit_state_keeps_the_path_in_one_pass(interpreted, path, r, value_block):
+    """``commit_state`` (the hybrid fast path's commit of the recurrent state, in place) against
+    ``commit_delta_state``'s S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T per GDN layer, for
+    paths of 1, 3 and 17 nodes (more than one 16-row tile) of a 25-node stash over two layers."""
+    from ddtree.models.gdn_tree import DeltaTreeResult, commit_delta_state
+
+    gen = torch.Generator().manual_seed(len(path))
+    layers, n, hk, dk, dv = 2, 25, 2, 16, 64
+    h = hk * r
+    x = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    keys, updates, gamma = x(layers, n, hk, dk), x(layers, n, h, dv), -3 * torch.rand(layers, n, h, generator=gen)
+    state = x(layers, h, dk, dv)
+    want = torch.stack([commit_delta_state(DeltaTreeResult(out=None, keys=keys[g], updates=updates[g],
+                                                           log_decay=gamma[g], initial_state=state[g]), path)
+                        for g in range(layers)])
+    got = state.clone()
+    gdn_tree_triton.commit_state(got, gamma, keys, updates, torch.tensor(path), value_block=value_block)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_commit_state_refuses_what_it_cannot_write():
+    state = torch.zeros(1, 2, 16, 16)
+    stash = (torch.zeros(1, 3, 2), torch.zeros(1, 3, 1, 16), torch.zeros(1, 3, 2, 16))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        gdn_tree_triton.commit_state(state.transpose(2, 3), *stash, torch.tensor([0]))
+    with pytest.raises(ValueError, match="empty path"):
+        gdn_tree_triton.commit_state(state, *stash, torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match="node indices"):
+        gdn_tree_triton.commit_state(state, *stash, torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        gdn_tree_triton.commit_state(torch.zeros(1, 2, 16, 24), *stash[:2], torch.zeros(1, 3, 2, 24), torch.tensor([0]))
