@@ -186,6 +186,7 @@ class SpeculativeEngine:
             tokens += new
             lengths.append(accounting.round_length(len(new), verification))
             bonus = verification.bonus
+            timer.end_round()
             round_ends.append(timer.now() - decode_start)
             if record:
                 rounds.append(RoundRecord(draft, tree, verification))
@@ -200,6 +201,7 @@ class SpeculativeEngine:
             decode_time=decode_time,
             stopped_by="stop_token" if tokens[-1] in self.stop_token_ids else "max_new_tokens",
             round_ends=round_ends,
+            round_stage_times=timer.rounds,
             rounds=rounds,
         )
 

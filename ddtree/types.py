@@ -156,6 +156,7 @@ class GenerationResult:
     decode_time: float  # excludes prefill and the drafter's first call over the prompt
     stopped_by: str = "max_new_tokens"  # "stop_token" or "max_new_tokens"
     round_ends: list[float] = field(default_factory=list)  # seconds from decode start to each round's end
+    round_stage_times: list[StageTimes] = field(default_factory=list)  # each round's own stage times
     rounds: list[object] = field(default_factory=list)  # recorded rounds, when asked for
 
     @property

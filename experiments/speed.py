@@ -67,8 +67,8 @@ PEAK_FLOPS = 989e12  # dense bf16 tensor-core FLOP/s of an H100 SXM and of an H2
 def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: int, stages: bool = True) -> dict:
     """Mean time of the first ``rounds`` rounds. The run goes ``tail`` tokens further, so those
     rounds have full-size drafts (near max_new_tokens drafts are cut, and shapes change). With
-    ``stages`` a third, synchronised run gives the per-stage times (each run prefills the prompt
-    again: at 128K that is most of a row's time); without, the stages are NaN."""
+    ``stages`` a third, synchronised run gives the per-stage times of the same first rounds (each run
+    prefills the prompt again: at 128K that is most of a row's time); without, the stages are NaN."""
     engine.timer_sync = False
     engine.generate(prompt, max_new_tokens=rounds + tail)  # warm-up: kernels, every graph size
     torch.cuda.synchronize()
@@ -79,8 +79,9 @@ def _time(engine: SpeculativeEngine, prompt: torch.Tensor, rounds: int, tail: in
     peak = torch.cuda.max_memory_allocated() - base
     if stages:
         engine.timer_sync = True
-        staged = engine.generate(prompt, max_new_tokens=rounds + tail)
-        per_stage = {k: 1e3 * v / max(len(staged.acceptance_lengths), 1) for k, v in vars(staged.stage_times).items()}
+        staged = engine.generate(prompt, max_new_tokens=rounds + tail).round_stage_times[:rounds]
+        per_stage = {k: 1e3 * sum(getattr(r, k) for r in staged) / max(len(staged), 1)
+                     for k in vars(result.stage_times)}
     else:
         per_stage = dict.fromkeys(vars(result.stage_times), float("nan"))
     return {"round_ms": 1e3 * result.round_ends[timed - 1] / timed, "rounds": timed, "stages_ms": per_stage,

@@ -24,6 +24,8 @@ class StageTimer:
     def __init__(self, sync: bool | None = None) -> None:
         self.sync = torch.cuda.is_available() and (sync is None or bool(sync))
         self.totals = dict.fromkeys(STAGES, 0.0)
+        self.rounds: list[StageTimes] = []  # each finished round's own stage times (``end_round``)
+        self._round_start = dict(self.totals)
 
     def now(self) -> float:
         if self.sync:
@@ -40,6 +42,11 @@ class StageTimer:
                 yield
             finally:
                 self.totals[name] += self.now() - start
+
+    def end_round(self) -> None:
+        """Close a round: its stage times (what each stage gained since the last call) join ``rounds``."""
+        self.rounds.append(StageTimes(**{k: v - self._round_start[k] for k, v in self.totals.items()}))
+        self._round_start = dict(self.totals)
 
     def result(self) -> StageTimes:
         return StageTimes(**self.totals)

@@ -350,3 +350,34 @@ def test_every_gpu_tables_step_is_a_command_line_its_tool_takes(tmp_path):
             module.parse_args(argv[1:])
     bad = subprocess.run(["bash", str(script), "no-such-step"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown step 'no-such-step'" in bad.stderr
+
+
+def test_speed_stages_are_those_of_the_timed_rounds(monkeypatch):
+    """speed.py's per-stage times are the mean over the same first rounds as its round time, not over the
+    tail rounds whose drafts the end of the run cuts (the CUDA calls stood in for on the CPU)."""
+    import torch
+
+    from ddtree import SpeculativeEngine
+    from ddtree.drafters import DFlashDrafter
+    from ddtree.models import HFTarget
+    from ddtree.testing import tiny_dflash, tiny_target
+    from ddtree.trees import BestFirstTreeBuilder
+
+    spec = importlib.util.spec_from_file_location("speed", ROOT / "experiments" / "speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    for name in ("memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: 0)
+    model = tiny_target("qwen3")
+    target = HFTarget(model)
+    engine = SpeculativeEngine(target, DFlashDrafter(tiny_dflash(model, block_size=8), target), BestFirstTreeBuilder(8))
+    seen = []
+    real = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    row = speed._time(engine, torch.arange(4, 20), rounds=3, tail=8)
+    staged = seen[-1]
+    assert len(staged.round_stage_times) > 3  # the tail rounds ran, and are left out
+    for stage, ms in row["stages_ms"].items():
+        assert ms == pytest.approx(1e3 * sum(getattr(r, stage) for r in staged.round_stage_times[:3]) / 3)
