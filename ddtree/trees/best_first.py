@@ -23,6 +23,7 @@ below that (tree stage 1.6 vs 0.3-0.4 ms at B = 64) and less above it (3.1 vs 4.
 from __future__ import annotations
 
 import heapq
+from array import array
 
 import numpy as np
 import torch
@@ -76,36 +77,42 @@ class BestFirstTreeBuilder:
         top_logp, top_tok = logp_all.topk(k, dim=-1)  # [L, K] each, sorted
         if self.method == "beam":
             return self._beam(top_logp, top_tok, root_token)
-        logp, tok = top_logp.cpu().tolist(), top_tok.cpu().tolist()
+        # The log-probs as Python floats on demand: a flat float64 array (one copy, no object per entry;
+        # element [row * k + rank], the float32 values exactly) instead of a nested list of L x K floats,
+        # and the tokens gathered once at the end: at B = 256 about a third less host time than lists.
+        logp = array("d", top_logp.cpu().numpy().astype(np.float64).tobytes())
+        tok = top_tok.cpu().numpy().reshape(-1)
 
-        tokens, parents, depths, scores = [root_token], [-1], [0], [0.0]
+        flat, parents, depths, scores = [0], [-1], [0], [0.0]  # flat: each node's row * k + rank (the root's unused)
         # Heap entries: (-score, depth, rank, parent node, parent score); ranks are 0-based. Every
         # entry is unique, so the pops come in one order however the heap is kept: the popped node
         # is replaced in place by its first child or next sibling (one sift instead of two).
-        heap, push, replace = [(-logp[0][0], 1, 0, 0, 0.0)], heapq.heappush, heapq.heapreplace
+        heap, push, replace = [(-logp[0], 1, 0, 0, 0.0)], heapq.heappush, heapq.heapreplace
         for node in range(1, self.budget + 1):
             if not heap:
                 break
             neg, depth, rank, parent, parent_score = heap[0]
-            score, row = -neg, depth - 1
-            tokens.append(tok[row][rank])
+            score, row = -neg, (depth - 1) * k
+            flat.append(row + rank)
             parents.append(parent)
             depths.append(depth)
             scores.append(score)
             # next sibling: same parent, next-ranked token at this depth
-            sibling = (-(parent_score + logp[row][rank + 1]), depth, rank + 1, parent, parent_score) \
+            sibling = (-(parent_score + logp[row + rank + 1]), depth, rank + 1, parent, parent_score) \
                 if rank + 1 < k else None
             if depth < depth_limit:  # first child: the best token one level deeper
-                replace(heap, (-(score + logp[depth][0]), depth + 1, 0, node, score))
+                replace(heap, (-(score + logp[row + k]), depth + 1, 0, node, score))
                 if sibling is not None:
                     push(heap, sibling)
             elif sibling is not None:
                 replace(heap, sibling)
             else:
                 heapq.heappop(heap)
+        tokens = tok[np.array(flat)]
+        tokens[0] = root_token
         # Through numpy: torch.tensor over a Python list costs about 30 us for 257 ints, numpy 5.
         return Tree(
-            torch.from_numpy(np.array(tokens, dtype=np.int64)),
+            torch.from_numpy(tokens),
             torch.from_numpy(np.array(parents, dtype=np.int64)),
             torch.from_numpy(np.array(depths, dtype=np.int64)),
             torch.from_numpy(np.array(scores, dtype=np.float32)),
