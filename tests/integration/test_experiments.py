@@ -381,3 +381,14 @@ def test_speed_stages_are_those_of_the_timed_rounds(monkeypatch):
     assert len(staged.round_stage_times) > 3  # the tail rounds ran, and are left out
     for stage, ms in row["stages_ms"].items():
         assert ms == pytest.approx(1e3 * sum(getattr(r, stage) for r in staged.round_stage_times[:3]) / 3)
+
+
+def test_host_stages_bench_times_the_heap_and_the_layout(tmp_path):
+    spec = importlib.util.spec_from_file_location("host_bench", ROOT / "experiments" / "host_stages_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "host.json"
+    result = bench.main(["--budgets", "4", "16", "--reps", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert [row["nodes"] for row in result["rows"]] == [5, 17]
+    assert all(row["build_us"] > 0 and row["compile_us"] > 0 for row in result["rows"])
