@@ -1,5 +1,5 @@
 """The paper's figures: tau and speedup against the node budget (Fig. 3), and the acceptance-length
-histogram (Fig. 4). matplotlib is an optional extra (``pip install -e ".[viz]"``), imported here
+histogram (Fig. 4); and where a round's time goes, stage by stage (``plot_stage_times``). matplotlib is an optional extra (``pip install -e ".[viz]"``), imported here
 only when a figure is drawn.
 
     >>> fig = plot_budget_tradeoff([16, 64, 256], tau=[8.6, 9.8, 10.4], speedup=[6.1, 7.0, 7.4],
@@ -81,5 +81,42 @@ def plot_acceptance_histogram(histograms: Mapping[str, Mapping[int, float]], tit
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+STAGES = ("draft", "tree", "layout", "verify", "commit")
+
+
+def plot_stage_times(results: Mapping[str, object], title: str = ""):
+    """Where a round's time goes: one stacked bar per strategy, its mean ms per round in each stage.
+
+    ``results`` maps a label to a ``GenerationResult`` (its ``round_stage_times``) or to a sequence of
+    ``StageTimes``, one per round. On a GPU, run the engine with ``timer_sync=True`` first, so that each
+    stage is charged for its own kernels. Returns the Figure.
+
+    >>> fig = plot_stage_times({"ar": ar_result, "ddtree-64": tree_result})   # doctest: +SKIP
+    """
+    plt = _pyplot()
+    means = {}
+    for label, rounds in results.items():
+        rounds = list(getattr(rounds, "round_stage_times", rounds))
+        if not rounds:
+            raise ValueError(f"{label!r} has no rounds to draw: pass a GenerationResult of at least one round, "
+                             "or its round_stage_times")
+        means[label] = [1e3 * sum(getattr(r, stage) for r in rounds) / len(rounds) for stage in STAGES]
+    fig, ax = plt.subplots(figsize=(7.0, 0.6 * len(means) + 1.4))
+    left = [0.0] * len(means)
+    for i, stage in enumerate(STAGES):
+        widths = [m[i] for m in means.values()]
+        ax.barh(range(len(means)), widths, left=left, label=stage)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(means)), list(means))
+    ax.invert_yaxis()  # the first label on top
+    ax.set_xlabel("ms per round (mean)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, ncol=len(STAGES), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    if title:
+        ax.set_title(title, pad=24)
     fig.tight_layout()
     return fig

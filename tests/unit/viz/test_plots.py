@@ -40,3 +40,22 @@ def test_round_figures_draw_from_the_analysis(tmp_path) -> None:
     fig = plot_budget_estimate({1: 1.5, 2: 1.8, 4: 2.0}, measured={4: 2.1}, chain=(1.4, 1.3))
     fig.savefig(tmp_path / "budgets.png")
     assert len(fig.axes[0].get_legend().get_texts()) == 4
+
+
+def test_stage_times_stack_each_strategy_s_mean_round(tmp_path) -> None:
+    from ddtree.types import GenerationResult, StageTimes
+    from ddtree.viz import plot_stage_times
+
+    rounds = [StageTimes(draft=0.002, tree=0.0005, layout=0.0002, verify=0.010, commit=0.0003),
+              StageTimes(draft=0.004, tree=0.0005, layout=0.0002, verify=0.012, commit=0.0003)]
+    result = GenerationResult(tokens=[1, 2], acceptance_lengths=[1, 1], stage_times=StageTimes(),
+                              time_to_first_token=0.0, decode_time=0.03, round_stage_times=rounds)
+    fig = plot_stage_times({"ar": [StageTimes(verify=0.009, commit=0.0002)], "ddtree-64": result}, title="27B")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["ar", "ddtree-64"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["draft", "tree", "layout", "verify", "commit"]
+    widths = {(round(p.get_y() + p.get_height() / 2), round(p.get_width(), 6)) for p in ax.patches}
+    assert (1, 3.0) in widths and (1, 11.0) in widths and (0, 9.0) in widths  # ms: means over the rounds
+    fig.savefig(tmp_path / "stages.png")
+    with pytest.raises(ValueError, match="no rounds"):
+        plot_stage_times({"empty": []})
