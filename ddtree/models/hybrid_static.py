@@ -42,7 +42,7 @@ from ddtree.models import fused, gdn_tree_layer, gdn_tree_triton
 from ddtree.models.attention import use_folded_sdpa
 from ddtree.models.flex_attention import ATTENTIONS, FlexChoice, FlexLayout
 from ddtree.models.folded_mask import FoldedMasks
-from ddtree.models.gdn_tree import TreeTables
+from ddtree.models.gdn_tree import TreeTables, conv_taps
 from ddtree.models.gdn_tree_layer import GDNState, gdn_tree_forward, read_gdn_state, tree_mix, tree_mix_triton
 from ddtree.models.hybrid import ATTENTION, GDN, HybridTarget, patched_forwards
 from ddtree.models.static_kv import StaticKV
@@ -81,6 +81,7 @@ class _VerifyGraph:
     positions: Tensor  # [1, n]
     rows: Tensor  # [n]
     parents: Tensor  # [n]
+    visible: Tensor  # [n, n] bool: the tree's ancestor matrix, which the GDN layers read (a flex layout's own)
     mask: Tensor  # [1, 1, groups * n, W]
     logits: Tensor
     taps: Tensor | None
@@ -236,7 +237,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         rec = None
         if not self.cuda_graphs:
             out, stash = self._verify(inputs.input_ids.to(device), inputs.position_ids.to(device), rows,
-                                      inputs.parents.to(device), mask)
+                                      inputs.parents.to(device), mask, self._visibility(inputs).to(device))
         else:
             key = (n, 0 if isinstance(mask, FlexLayout) else mask.shape[-1])  # one flex graph per n
             if key not in self._graphs:
@@ -248,6 +249,8 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
             rec.positions.copy_(inputs.position_ids, non_blocking=True)
             rec.rows.copy_(rows)
             rec.parents.copy_(inputs.parents, non_blocking=True)
+            if not isinstance(mask, FlexLayout):  # a layout's visibility was written above
+                rec.visible.copy_(self._visibility(inputs), non_blocking=True)
             rec.graph.replay()
             out, stash = TargetOutput(tokens=inputs.input_ids[0], logits=rec.logits, taps=rec.taps), rec.stash
         self._pending, self._pending_parents = stash, inputs.parents.tolist()
@@ -255,9 +258,11 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         return out
 
     def _verify(self, ids: Tensor, positions: Tensor, rows: Tensor, parents: Tensor,
-                mask: Tensor | FlexLayout) -> tuple[TargetOutput, GDNStash]:
+                mask: Tensor | FlexLayout, visible: Tensor) -> tuple[TargetOutput, GDNStash]:
         """The verify forward itself (eager, or the body of a captured graph): a dense folded mask,
-        or a FlexAttention layout whose block tables are rebuilt here from its P."""
+        or a FlexAttention layout whose block tables are rebuilt here from its P. ``visible`` [n, n] is the
+        layout's tree block, the tree's ancestor matrix: the GDN layers read it as such rather than
+        rebuild it from ``parents`` (pointer doubling, about 25 small kernels at 65 nodes)."""
         n = ids.shape[1]
         if isinstance(mask, FlexLayout):
             mask.refresh()
@@ -267,7 +272,7 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         self.kv.at(rows)
         if self.fuse and not self._probed:
             self._probe_compiler()
-        tables = TreeTables.of(parents, self.kernel_size)
+        tables = TreeTables(parents, visible, conv_taps(parents, self.kernel_size))
         fused_kernels = fused.fused_ops(self.model) if self.fuse else contextlib.nullcontext()
         with self._static_gdn_mode(tables, stash), fused_kernels:
             out = self._forward(ids, positions, {ATTENTION: mask, GDN: None}, logits_to_keep=0)
@@ -336,16 +341,18 @@ class StaticHybridTarget(FlexChoice, HybridTarget):
         positions = torch.full((1, n), self.past_length, dtype=torch.long, device=device)
         rows = torch.arange(self.past_length, self.past_length + n, device=device)
         parents = torch.arange(-1, n - 1, device=device)  # a chain: any valid tree will do
+        # Its ancestors, or the layout's own visibility buffer (written before every replay).
+        visible = mask.visible if isinstance(mask, FlexLayout) else torch.ones(n, n, dtype=torch.bool, device=device).tril()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._verify(ids, positions, rows, parents, mask)
+                self._verify(ids, positions, rows, parents, mask, visible)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out, stash = self._verify(ids, positions, rows, parents, mask)
-        return _VerifyGraph(graph, ids, positions, rows, parents, mask, out.logits, out.taps, stash,
+            out, stash = self._verify(ids, positions, rows, parents, mask, visible)
+        return _VerifyGraph(graph, ids, positions, rows, parents, visible, mask, out.logits, out.taps, stash,
                             torch.zeros(n, dtype=torch.long, device=device), torch.zeros((), dtype=torch.long, device=device), {})
 
     # -- commit -------------------------------------------------------------------------------

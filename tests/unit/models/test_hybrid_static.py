@@ -75,6 +75,26 @@ def test_logits_taps_and_state_follow_hybrid_target_round_by_round(model, budget
         _assert_same_state(static, eager)
 
 
+@torch.no_grad()
+def test_the_gdn_layers_read_the_layout_s_visibility_not_a_rebuilt_ancestor_matrix(model, monkeypatch):
+    """A verify's GDN layers take the tree's ancestors from the layout's ``[n, n]`` block, which is that
+    matrix; the pointer doubling from the parents (``ancestor_matrix``) is not run again, and the logits
+    stay the eager ``HybridTarget``'s."""
+    from ddtree.models import gdn_tree
+
+    compiler = DenseMaskCompiler()
+    tree = _tree(96, seed=3, budget=20)
+    eager = HybridTarget(model)
+    eager.prefill(PROMPT)
+    want = eager.forward_tree(compiler.compile(tree, eager.past_length)).logits
+    monkeypatch.setattr(gdn_tree, "ancestor_matrix", lambda parents: pytest.fail("ancestor_matrix rebuilt"))
+    for attention in ("dense", "flex"):
+        static = StaticHybridTarget(model, max_length=128, cuda_graphs=False, width_step=16, attention=attention)
+        static.prefill(PROMPT)
+        got = static.forward_tree(compiler.compile(tree, static.past_length)).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_flex_attention_decodes_the_greedy_text(model):
     # attention="flex" on the CPU runs FlexAttention's eager reference through the same layouts.
     target = StaticHybridTarget(model, max_length=160, cuda_graphs=False, attention="flex")
