@@ -84,17 +84,19 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     x, a, logits = r(n, channels).to(bf16), r(n, h).to(bf16), r(n, h).to(bf16)  # logits: in_proj_b's output
     a_log, dt_bias = 0.5 * r(h), 0.5 * r(h)
     window, weight, s0 = r(channels, k).to(bf16), (0.5 * r(channels, k)).to(bf16), 0.1 * r(h, d, d)
-    mix_args = (x, a, logits, a_log, dt_bias, window, weight, None, s0, taps, anc, hk * d, hk * d, d)
-    prologue_args = (x, a, logits, a_log, dt_bias, window, weight, None, taps, anc, hk * d, hk * d, d)
+    beta = logits.sigmoid()  # what the torch mixes take; tree_mix_triton takes the logits
+    mix_args = (x, a, beta, a_log, dt_bias, window, weight, None, s0, taps, anc, hk * d, hk * d, d)
+    triton_args = (x, a, logits, *mix_args[3:])
+    prologue_args = (x, a, beta, a_log, dt_bias, window, weight, None, taps, anc, hk * d, hk * d, d)
     row: dict = {"n": n}
     torch_mix, prologue = fused.compiled(tree_mix), fused.compiled(tree_mix_inputs)
     row["mix/torch"] = graphed_us(lambda: torch_mix(*mix_args), args.reps)
-    row["mix/triton"] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
+    row["mix/triton"] = graphed_us(lambda: tree_mix_triton(*triton_args), args.reps)
     for flag, name in (("FUSED_PROLOGUE", "mix/triton_compiled_prologue"), ("TRITON_CONV", "mix/triton_compiled_conv")):
         previous = getattr(gdn_tree_layer, flag)
         setattr(gdn_tree_layer, flag, False)
         try:
-            row[name] = graphed_us(lambda: tree_mix_triton(*mix_args), args.reps)
+            row[name] = graphed_us(lambda: tree_mix_triton(*triton_args), args.reps)
         finally:
             setattr(gdn_tree_layer, flag, previous)
     row["prologue"] = graphed_us(lambda: prologue(*prologue_args), args.reps)

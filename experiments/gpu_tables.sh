@@ -19,8 +19,10 @@
 #   profile-8b           the same for Qwen3-8B at 32768
 #   gdn-bench            gdn_kernel_bench.py at the 27B's GDN sizes (1/65/257 nodes)
 set -uo pipefail
+set -f  # the commands' overrides ('budgets=[64,256]') are words, never file patterns
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder that receives the logs}"
+[[ "$OUT" != *" "* ]] || { echo "OUT must be a path without spaces, got '$OUT'" >&2; exit 2; }
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 NW=${NW:-8}

@@ -18,10 +18,10 @@ the graph. ``weight_read_ms`` is the weights' read time at ``--bandwidth`` (defa
 floor of a one-token verify). Random weights: acceptance is meaningless here, costs are real. Plain argparse, no Hydra.
 
 ``--loop`` budgets (0: AR) then run whole rounds through the loop, graphed as ``speed.py``'s fast path
-runs them (a random DFlash drafter, a best-first tree), under the profiler: per stage and round, its
-synchronised wall time, the host time of the ops and CUDA runtime calls it made (by name; the rest of
-its span is Python), its launches, graph launches, copies and synchronisations, and the kernels that
-ran in it. That is where the host stages (tree, layout) and the host side of verify and commit go.
+runs them (a random DFlash drafter, a best-first tree; the first ``--loop-rounds`` rounds of a run a drafter
+block longer): per stage and round, its synchronised wall time (an unprofiled run), and under the profiler
+the host time of the ops and CUDA runtime calls it made (by name; the rest of its span is Python and the
+profiler's cost), its launches, graph launches, copies and synchronisations, and the kernels that ran in it. That is where the host stages (tree, layout) and the host side of verify and commit go.
 """
 
 from __future__ import annotations
@@ -152,10 +152,13 @@ RUNTIME = (
 
 def profile_loop(args, model, target, prompt: torch.Tensor, device: torch.device, budget: int) -> dict:
     """Whole rounds of the loop (AR for budget 0, else a random DFlash drafter and a best-first tree of
-    ``budget``), graphed as ``speed.py``'s fast path runs them, under the profiler after a warm-up run.
-    Per stage and round: its synchronised wall time, the host time of the ops and CUDA runtime calls it
-    ran (by name; ``other_host_ms`` is what no op accounts for: Python), the launches, graph launches,
-    copies and synchronisations it made and the kernels that ran in it."""
+    ``budget``), graphed as ``speed.py``'s fast path runs them: the first ``--loop-rounds`` rounds of a run
+    that goes a drafter block further (as ``speed.py`` times them: near ``max_new_tokens`` drafts are cut).
+    After a warm-up run, an unprofiled synchronised run gives each stage's wall time per round
+    (``wall_ms``), and a run under the profiler the rest, per stage and round over the same rounds: the
+    host time of the ops and CUDA runtime calls it ran (by name; ``other_host_ms`` is the span no op
+    accounts for: Python, and the profiler's own cost), the launches, graph launches, copies and
+    synchronisations it made and the kernels that ran in it."""
     from ddtree import SpeculativeEngine
     from ddtree.drafters import DFlashDrafter, NullDrafter
     from ddtree.models.geometry import random_dflash_for
@@ -163,32 +166,41 @@ def profile_loop(args, model, target, prompt: torch.Tensor, device: torch.device
 
     gpu = device.type == "cuda"
     if budget == 0:
-        drafter, tree = NullDrafter(), ChainTreeBuilder()
+        drafter, tree, tail = NullDrafter(), ChainTreeBuilder(), 0
     else:
         body = random_dflash_for(model, device=str(device), dtype=next(model.parameters()).dtype)
         drafter = DFlashDrafter(body, target, max_length=target.max_length, cuda_graphs=gpu,
                                 fuse=args.fuse_drafter and gpu)
-        tree = BestFirstTreeBuilder(budget)
+        tree, tail = BestFirstTreeBuilder(budget), body.config.block_size
     engine = SpeculativeEngine(target, drafter, tree, timer_sync=True)
-    new = args.loop_rounds + 1  # a random drafter: about one token a round
+    new = args.loop_rounds + tail + 1  # a random drafter: about one token a round
     engine.generate(prompt, max_new_tokens=new)  # compiles and records the graphs
+    walled = engine.generate(prompt, max_new_tokens=new).round_stage_times[: args.loop_rounds]
+    rounds = len(walled)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with profile(activities=activities) as prof:
-        result = engine.generate(prompt, max_new_tokens=new)
-    rounds = len(result.acceptance_lengths)
+        engine.generate(prompt, max_new_tokens=new)
     row = {"rounds": rounds, "stages": stage_summary(prof, rounds, args.top)}
-    for stage, ms in vars(result.stage_times).items():
-        row["stages"].setdefault(stage, {})["wall_ms"] = 1e3 * ms / rounds
+    for stage in vars(walled[0]):
+        row["stages"].setdefault(stage, {})["wall_ms"] = 1e3 * sum(getattr(r, stage) for r in walled) / rounds
     report_loop(f"\n== loop, {'AR' if budget == 0 else f'DDTree-{budget}'}: {rounds} rounds, per round", row)
     return row
 
 
 def stage_summary(prof, rounds: int, top: int) -> dict:
     """The profiler's events by the ``stage:<name>`` range they fall in (``StageTimer`` opens one per
-    stage), per round: host ops by self time, runtime calls counted by kind, kernels by count and time."""
+    stage on the host), over the first ``rounds`` rounds (up to the end of the ``rounds``-th commit), per
+    round: host ops by self time, runtime calls counted by kind, kernels by count and time. The ranges'
+    device-side copies (user annotations, which the profiler adds with CUDA on) are neither ranges nor
+    kernels."""
     events = list(prof.events())
     cpu = torch.autograd.DeviceType.CPU
-    ranges = sorted((e for e in events if e.name.startswith("stage:")), key=lambda e: e.time_range.start)
+    ranges = sorted((e for e in events if e.name.startswith("stage:") and e.device_type == cpu),
+                    key=lambda e: e.time_range.start)
+    commits = [r for r in ranges if r.name == "stage:commit"]
+    if len(commits) >= rounds > 0:
+        cutoff = commits[rounds - 1].time_range.end
+        ranges = [r for r in ranges if r.time_range.start <= cutoff]
     starts = [e.time_range.start for e in ranges]
 
     def stage_of(e, thread_bound: bool):
@@ -203,7 +215,7 @@ def stage_summary(prof, rounds: int, top: int) -> dict:
     for r in ranges:
         spans[r.name.removeprefix("stage:")] += (r.time_range.end - r.time_range.start) / 1e3
     for e in events:
-        if e.name.startswith("stage:"):
+        if e.name.startswith("stage:") or getattr(e, "is_user_annotation", False):
             continue
         on_host = e.device_type == cpu
         stage = stage_of(e, thread_bound=on_host)

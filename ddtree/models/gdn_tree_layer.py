@@ -126,13 +126,16 @@ def gdn_tree_forward(
     x, z, b, a = fused.project(module, fused.GDN_INPUTS, hidden_states)
     x = x[0]  # [n, C]
     z = z[0].reshape(n, h, dv)
-    b, a = b[0], a[0]  # [n, H] each: the mix takes beta's logits (its sigmoid may run inside a kernel of its own)
+    b, a = b[0], a[0]  # [n, H] each
+    # beta = sigmoid(b) in the model dtype, taken here, outside any compiled mix (Inductor would not round it to
+    # that dtype); a mix that takes the logits (``takes_logits``) runs the sigmoid in a kernel of its own.
+    beta = b if takes_logits(mix) else b.sigmoid()
     if tables is None:
         tables = TreeTables.of(parents, module.conv_kernel_size)
     if initial is None:
         initial = torch.zeros(h, dk, dv, dtype=torch.promote_types(dtype, torch.float32), device=x.device)
     out, keys, updates, log_decay, s0 = (mix or tree_mix)(
-        x, a, b, module.A_log, module.dt_bias, window, weight, module.conv1d.bias, initial, tables.taps,
+        x, a, beta, module.A_log, module.dt_bias, window, weight, module.conv1d.bias, initial, tables.taps,
         tables.anc, module.key_dim, module.value_dim, dk,
     )
     delta = DeltaTreeResult(out=out, keys=keys, updates=updates, log_decay=log_decay, initial_state=s0)
@@ -144,7 +147,7 @@ def gdn_tree_forward(
 def tree_mix(
     x: Tensor,  # [n, C] pre-conv inputs
     a: Tensor,  # [n, H] in_proj_a output
-    b: Tensor,  # [n, H] in_proj_b output: beta = sigmoid(b), in the model dtype as the layer computes it
+    beta: Tensor,  # [n, H] sigmoid of in_proj_b, model dtype
     a_log: Tensor,  # [H]
     dt_bias: Tensor,  # [H]
     window: Tensor,  # [C, K] committed conv window
@@ -161,12 +164,12 @@ def tree_mix(
     norm: the decay g, the tree conv, then the tree delta rule. Tensors in and out only, so that
     ``torch.compile`` can fuse its elementwise work (on a 48-GDN-layer model at batch 1 the many
     tiny kernels of the eager form cost more than its arithmetic)."""
-    q, k, v, gamma, beta = tree_mix_inputs(x, a, b, a_log, dt_bias, window, weight, bias, taps, anc, key_dim,
+    q, k, v, gamma, beta = tree_mix_inputs(x, a, beta, a_log, dt_bias, window, weight, bias, taps, anc, key_dim,
                                            value_dim, dk)
     return delta_rule_solve(q, k, v, gamma, beta, initial, anc)
 
 
-def tree_mix_inputs(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
+def tree_mix_inputs(x: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, window: Tensor,
                     weight: Tensor, bias: Tensor | None, taps: Tensor, anc: Tensor, key_dim: int, value_dim: int,
                     dk: int, keys_out: Tensor | None = None,
                     log_decay_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -174,14 +177,13 @@ def tree_mix_inputs(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Ten
     (l2-normalised) ``[n, Hk, dk]``, v ``[n, H, dv]``, the path-summed log decay gamma and beta ``[n, H]``
     (k and gamma written into ``keys_out`` and ``log_decay_out`` where given, see ``mix_inputs_after_conv``)."""
     mixed = tree_causal_conv1d(x, None, window, weight, bias, taps)  # [n, C]
-    return mix_inputs_after_conv(mixed, a, b, a_log, dt_bias, anc, key_dim, dk, keys_out, log_decay_out)
+    return mix_inputs_after_conv(mixed, a, beta, a_log, dt_bias, anc, key_dim, dk, keys_out, log_decay_out)
 
 
-def mix_inputs_after_conv(mixed: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor,
+def mix_inputs_after_conv(mixed: Tensor, a: Tensor, beta: Tensor, a_log: Tensor, dt_bias: Tensor, anc: Tensor,
                           key_dim: int, dk: int, keys_out: Tensor | None = None,
                           log_decay_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``tree_mix_inputs`` from the conv's output ``mixed`` [n, C] on: beta = sigmoid(b) (in b's dtype, as the
-    layer computes it), the decay, the split, the l2 norms.
+    """``tree_mix_inputs`` from the conv's output ``mixed`` [n, C] on: the decay, the split, the l2 norms.
     ``keys_out`` [n, Hk, dk] and ``log_decay_out`` [n, H] (compute dtype), where given, receive k and gamma
     and are returned in their place: compiled, the kernels that compute them store them there, with no
     copy of their own."""
@@ -197,7 +199,7 @@ def mix_inputs_after_conv(mixed: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt
         k = keys_out.copy_(k)
     if log_decay_out is not None:
         gamma = log_decay_out.copy_(gamma)
-    return q, k, v.reshape(n, h, -1), gamma, b.sigmoid().to(compute)
+    return q, k, v.reshape(n, h, -1), gamma, beta.to(compute)
 
 
 # Whether ``tree_mix_triton`` runs the tree conv as its own Triton kernel (``gdn_tree_triton.tree_conv``)
@@ -228,8 +230,9 @@ def tree_mix_triton(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Ten
     written by the kernel before the rule (``FUSED_PROLOGUE``) or the compiled prologue (the fast path's
     commit stash, without a copy per layer); the returned keys and log decay are then those tensors.
     The output comes in the model's dtype (``x``'s), as the layer casts it before its gated norm
-    (``tree_mix`` gives it in float32: the same values once cast). With the one-kernel prologue, beta's
-    sigmoid runs in that kernel too (``beta_logits``)."""
+    (``tree_mix`` gives it in float32: the same values once cast). It takes in_proj_b's output ``b`` rather
+    than beta (``takes_logits``): with the one-kernel prologue the sigmoid runs in that kernel
+    (``beta_logits``), else here, in the model's dtype, before the compiled steps."""
     outs = (keys_out, log_decay_out)
     if fused_prologue(dk, key_dim, x.shape[-1]):
         q, k, v, gamma, beta = gdn_tree_triton.tree_prologue(x, window, weight, bias, taps, key_dim, dk, a, b,
@@ -238,18 +241,26 @@ def tree_mix_triton(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Ten
         v = v.view(x.shape[0], a.shape[1], -1)
     elif TRITON_CONV:
         mixed = gdn_tree_triton.tree_conv(x, window, weight, bias, taps, copy=conv_copy)
-        q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, b, a_log, dt_bias, anc, key_dim, dk,
-                                                                     *outs)
+        q, k, v, gamma, beta = fused.compiled(mix_inputs_after_conv)(mixed, a, b.sigmoid(), a_log, dt_bias, anc,
+                                                                     key_dim, dk, *outs)
     else:
         if conv_copy is not None:
             conv_copy.copy_(x)
-        q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, b, a_log, dt_bias, window, weight, bias, taps,
-                                                               anc, key_dim, value_dim, dk, *outs)
+        q, k, v, gamma, beta = fused.compiled(tree_mix_inputs)(x, a, b.sigmoid(), a_log, dt_bias, window, weight, bias,
+                                                               taps, anc, key_dim, value_dim, dk, *outs)
     precision = "ieee" if x.dtype in (torch.float32, torch.float64) else "tf32"
     out, updates = gdn_tree_triton.tree_delta_rule(q, k, v, gamma, beta, initial, anc, precision=precision,
                                                    updates=updates_out, out_dtype=x.dtype,
                                                    **gdn_tree_triton.rule_options(q.shape[0], precision))
     return out, k, updates, gamma, initial
+
+
+tree_mix_triton.takes_logits = True  # its third argument is in_proj_b's output, not beta
+
+
+def takes_logits(mix: Callable | None) -> bool:
+    """Whether a mixing function (or a ``functools.partial`` of one) takes in_proj_b's output rather than beta."""
+    return bool(getattr(getattr(mix, "func", mix), "takes_logits", False))
 
 
 def commit_gdn_path(

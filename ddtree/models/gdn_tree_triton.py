@@ -333,7 +333,8 @@ def tree_prologue(x: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None
 
 def commit_state(state: Tensor, log_decay: Tensor, keys: Tensor, updates: Tensor, path: Tensor,
                  value_block: int = 32) -> Tensor:
-    """The recurrent states after the accepted ``path`` ([a] node indices on the device, root first), written
+    """The recurrent states after the accepted ``path`` ([a] node indices below n on the device, root first; not
+    checked, as a host read would be: a graph replays this), written
     into ``state`` ([G, H, dk, dv] contiguous float32, the committed states) in one pass: per GDN layer
     ``S_a = e^{gamma_a} S0 + sum_j e^{gamma_a - gamma_j} k_j u_j^T`` (``gdn_tree.commit_delta_state``) from the
     verify's stash, ``log_decay`` [G, n, H], ``keys`` [G, n, Hk, dk] and ``updates`` [G, n, H, dv] (float32).
@@ -351,10 +352,17 @@ def commit_state(state: Tensor, log_decay: Tensor, keys: Tensor, updates: Tensor
         raise ValueError("commit_state of an empty path: the root is always accepted; pass at least node 0")
     if path.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"path must hold node indices (int32 or int64), got {path.dtype}")
+    n, hk = keys.shape[1], keys.shape[2]
+    shapes = {"log_decay": (log_decay, (g, n, h)), "keys": (keys, (g, n, hk, dk)), "updates": (updates, (g, n, h, dv))}
+    for name, (tensor, shape) in shapes.items():
+        if tensor.dtype != torch.float32 or tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must be a float32 {shape} stash for a state of shape {tuple(state.shape)} "
+                             f"(keys [G, n, Hk, dk]), got {tensor.dtype} {tuple(tensor.shape)}")
+    if h % hk:
+        raise ValueError(f"{h} value heads do not share {hk} key heads evenly")
     block = math.gcd(dv, value_block)  # a power of two dividing dv: the value columns of a program
     if block < 16 or dk != tile(dk):
         raise ValueError(f"commit_state needs dk a power of two >= 16 and dv a multiple of 16, got {dk} and {dv}")
-    n, hk = keys.shape[1], keys.shape[2]
     stash = (log_decay.contiguous(), keys.contiguous(), updates.contiguous())
     _kernels().commit_state_kernel[(g * h, dv // block)](
         state, *stash, path.contiguous(), a, h, h // hk, n, DK=dk, DV=dv, BV=block, AP=tile(a),

@@ -11,8 +11,11 @@ cannot be captured. Here every piece of sequence state lives in a buffer allocat
 
 A verify never writes the GDN slabs (each node sees only its root path, ``gdn_tree_forward``); it
 leaves, per GDN layer, what the commit needs in a stash ``[G, n, ...]``, and the commit updates
-all G layers with a handful of batched ops. The tree's tables (ancestor matrix, conv taps) are
-built once per verify from the parents, on the device, not once per layer. The prompt goes
+all G layers with a handful of batched ops (the recurrent states in one Triton launch where the Triton
+kernels run, ``gdn_tree_triton.commit_state``). The tree's tables are built once per verify, not once per
+layer: its ancestor matrix is the layout's ``[n, n]`` tree block (every mask compiler of this library lays
+out ``Tree.ancestors()``, the ancestors of ``parents``), and the conv taps come from the parents, on the
+device. The prompt goes
 through the model's own forward (Transformers' GDN kernels, flash-linear-attention's where
 installed) on a dynamic cache that is then copied into the slabs, so prefill is what the eager
 target computes.
@@ -21,8 +24,8 @@ With ``fuse`` (on with graphs) the GDN mixing steps (``tree_mix``) and the Qwen3
 ``torch.compile``d kernels (``ddtree.models.fused``), and, where Triton runs, each layer's tree delta rule
 is one Triton kernel (``tree_mix_triton``, ``ddtree.models.gdn_tree_triton``; ``triton=False``: the
 compiled torch math). With CUDA graphs, one graph is kept per (n, W) as in ``StaticTarget``: its inputs (ids,
-positions, K/V rows, parents) are copied into its buffers and the mask rewritten in place before
-each replay, and every state slab it reads is only ever updated in place.
+positions, K/V rows, parents, the tree block) are copied into its buffers and the mask rewritten in place
+before each replay, and every state slab it reads is only ever updated in place.
 """
 
 from __future__ import annotations

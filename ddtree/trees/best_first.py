@@ -80,7 +80,7 @@ class BestFirstTreeBuilder:
         # The log-probs as Python floats on demand: a flat float64 array (one copy, no object per entry;
         # element [row * k + rank], the float32 values exactly) instead of a nested list of L x K floats,
         # and the tokens gathered once at the end: at B = 256 about a third less host time than lists.
-        logp = array("d", top_logp.cpu().numpy().astype(np.float64).tobytes())
+        logp = array("d", top_logp.detach().cpu().numpy().astype(np.float64).tobytes())
         tok = top_tok.cpu().numpy().reshape(-1)
 
         flat, parents, depths, scores = [0], [-1], [0], [0.0]  # flat: each node's row * k + rank (the root's unused)

@@ -146,7 +146,8 @@ def test_the_one_launch_prologue_equals_its_two_kernels(n, dtype, logits):
     """``tree_prologue`` compiled on the GPU against ``tree_conv_heads`` then ``tree_decay``, at Qwen3.6-27B's
     GDN sizes (16 key heads and 48 value heads of 128): q, k, v, gamma, beta and the copy of x bit for bit,
     with x, a and beta strided column views of one projection's output, as the fused projections give. With
-    ``beta_logits`` (what the fast path runs) beta is also within two ulps of the dtype of torch's sigmoid."""
+    ``beta_logits`` (what the fast path runs) beta is also within a few ulps of torch's sigmoid: 8 in float32
+    (Triton's exp and division), 2 in bf16 (after the rounding to bf16)."""
     gen = torch.Generator().manual_seed(n)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
     hk, h, dk, dv, k = 16, 48, 128, 128, 4
@@ -169,7 +170,8 @@ def test_the_one_launch_prologue_equals_its_two_kernels(n, dtype, logits):
     for name, have, expected in zip(("q", "k", "v", "gamma", "beta", "copy"), got, want):
         assert have.dtype == expected.dtype and torch.equal(have, expected), name
     if logits:
-        torch.testing.assert_close(got[4], beta.sigmoid().float(), atol=0, rtol=2 * torch.finfo(dtype).eps)
+        ulps = 8 if dtype == torch.float32 else 2
+        torch.testing.assert_close(got[4], beta.sigmoid().float(), atol=0, rtol=ulps * torch.finfo(dtype).eps)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -392,3 +392,38 @@ def test_host_stages_bench_times_the_heap_and_the_layout(tmp_path):
     assert json.loads(out.read_text()) == result
     assert [row["nodes"] for row in result["rows"]] == [5, 17]
     assert all(row["build_us"] > 0 and row["compile_us"] > 0 for row in result["rows"])
+
+
+def test_the_loop_profile_counts_only_the_first_rounds_and_no_device_side_ranges():
+    """``round_profile.stage_summary``: host ops and kernels go to the host ``stage:`` range they start in,
+    up to the end of the asked-for round's commit; the ranges' device-side copies (user annotations) are
+    neither ranges nor kernels."""
+    from types import SimpleNamespace
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("round_profile", ROOT / "experiments" / "round_profile.py")
+    profile_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_module)
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(name, start, end, device=cpu, self_us=0.0, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               thread=1, self_cpu_time_total=self_us, device_time=end - start,
+                               is_user_annotation=annotation)
+
+    events = []
+    for r in range(3):  # three rounds of tree (10 us) and commit (10 us), 100 us apart
+        t = 100 * r
+        events += [event("stage:tree", t, t + 10), event("stage:commit", t + 20, t + 30),
+                   event("aten::topk", t + 1, t + 3, self_us=2.0), event("cudaStreamSynchronize", t + 4, t + 9, self_us=5.0),
+                   event("topk_kernel", t + 2, t + 8, device=cuda),
+                   event("stage:tree", t + 1, t + 9, device=cuda, annotation=True)]
+    prof = SimpleNamespace(events=lambda: events)
+    summary = profile_module.stage_summary(prof, rounds=2, top=5)
+    tree = summary["tree"]
+    assert tree["span_ms"] == pytest.approx(0.010) and tree["host_ops_ms"] == pytest.approx(0.007)
+    assert tree["syncs"] == 1 and tree["sync_ms"] == pytest.approx(0.005)
+    assert tree["kernels"] == 1 and tree["kernel_ms"] == pytest.approx(0.006)  # the annotation is no kernel
+    assert [t["name"] for t in tree["top"]] == ["cudaStreamSynchronize", "aten::topk"]
+    assert summary["commit"]["host_ops_ms"] == 0.0 and summary["commit"]["span_ms"] == pytest.approx(0.010)

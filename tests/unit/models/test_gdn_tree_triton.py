@@ -128,9 +128,12 @@ def test_tree_mix_triton_fills_the_commit_stash_and_equals_tree_mix(interpreted,
     parents[7] = -1
     c = 2 * hk * dk + h * dv
     r = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
-    args = (r(n, c), r(n, h), torch.rand(n, h, generator=gen), r(h), r(h), r(c, k), r(c, k), None, r(h, dk, dv),
+    logits = r(n, h)  # in_proj_b's output: tree_mix takes its sigmoid, tree_mix_triton the logits themselves
+    args = (r(n, c), r(n, h), logits.sigmoid(), r(h), r(h), r(c, k), r(c, k), None, r(h, dk, dv),
             conv_taps(parents, k), ancestor_matrix(parents), hk * dk, h * dv, dk)
     out, keys, updates, log_decay, _ = layer.tree_mix(*args)
+    assert layer.takes_logits(layer.tree_mix_triton) and not layer.takes_logits(layer.tree_mix)
+    args = (*args[:2], logits, *args[3:])
     calls = []  # which prologue ran: the fused one calls tree_prologue
     prologue = gdn_tree_triton.tree_prologue
     monkeypatch.setattr(gdn_tree_triton, "tree_prologue", lambda *a, **k: calls.append(1) or prologue(*a, **k))
@@ -200,7 +203,7 @@ def test_tree_decay_matches_the_torch_decay(interpreted, n, h, strided):
     logits = (4 * torch.randn(n, h, generator=gen)).to(torch.bfloat16)  # in_proj_b's output
     a_log, dt_bias = torch.randn(h, generator=gen), torch.randn(h, generator=gen).to(torch.bfloat16)
     mixed = torch.zeros(n, 16 * (2 + h), dtype=torch.bfloat16)  # one key head, a value head of 16 per head
-    *_, gamma, beta32 = mix_inputs_after_conv(mixed, a, logits, a_log, dt_bias, anc, 16, 16)
+    *_, gamma, beta32 = mix_inputs_after_conv(mixed, a, logits.sigmoid(), a_log, dt_bias, anc, 16, 16)
     out = torch.full((n, h), float("nan"))
     got_gamma, got_beta = gdn_tree_triton.tree_decay(a, logits.sigmoid(), a_log, dt_bias, anc, gamma_out=out)
     assert got_gamma is out
@@ -325,3 +328,7 @@ def test_commit_state_refuses_what_it_cannot_write():
         gdn_tree_triton.commit_state(state, *stash, torch.tensor([0.0]))
     with pytest.raises(ValueError, match="multiple of 16"):
         gdn_tree_triton.commit_state(torch.zeros(1, 2, 16, 24), *stash[:2], torch.zeros(1, 3, 2, 24), torch.tensor([0]))
+    with pytest.raises(ValueError, match="updates must be a float32"):
+        gdn_tree_triton.commit_state(state, *stash[:2], torch.zeros(1, 3, 2, 16, dtype=torch.float64), torch.tensor([0]))
+    with pytest.raises(ValueError, match="keys must be a float32"):
+        gdn_tree_triton.commit_state(state, stash[0], torch.zeros(1, 3, 1, 32), stash[2], torch.tensor([0]))
