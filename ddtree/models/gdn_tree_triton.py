@@ -289,7 +289,8 @@ def tree_decay(
     """The path-summed log decay ``gamma = anc @ g`` with ``g = -exp(A_log) softplus(a + dt_bias)``, and beta
     in float32, as ``gdn_tree_layer.mix_inputs_after_conv`` computes them, in one kernel. ``beta_logits``: ``beta``
     is in_proj_b's output and the kernel takes its sigmoid (in float32, rounded to its dtype as ``b.sigmoid()``
-    is; Triton's exp, so within an ulp or two of torch's), which saves the layer a launch.
+    is; Triton's exp and division put it within a few float32 ulps of torch's before that rounding), which saves
+    the layer a launch.
 
     >>> gamma, beta32 = tree_decay(a, beta, module.A_log, module.dt_bias, anc)   # doctest: +SKIP
     """

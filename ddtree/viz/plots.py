@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ddtree.metrics.timer import STAGES
+
 
 def _pyplot():
     try:
@@ -84,8 +86,6 @@ def plot_acceptance_histogram(histograms: Mapping[str, Mapping[int, float]], tit
     fig.tight_layout()
     return fig
 
-
-STAGES = ("draft", "tree", "layout", "verify", "commit")
 
 
 def plot_stage_times(results: Mapping[str, object], title: str = ""):
