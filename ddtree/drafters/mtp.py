@@ -8,8 +8,9 @@ at depth 1 below the root b. Step j > 1 feeds the head's own output h' and its o
 
 Cache. Only pairs of two committed tokens with the target's true hidden are kept. Step 1 is such
 a pair (the root is always committed); chained steps use h', so they are cropped after every
-draft. The accepted path's pairs (from the verify's hidden taps) are queued in ``accept`` and
-fed in one forward, together with step 1, at the next ``draft``.
+draft. The prompt's pairs are fed at ``reset`` (the head's prefill, not decode time); the accepted
+path's pairs (from the verify's hidden taps) are queued in ``accept`` and fed in one forward,
+together with step 1, at the next ``draft``.
 
 Fast path. With ``cuda_graphs`` the cache is static (``max_length`` rows) and each round's k
 steps run from fixed-shape buffers, replayed from one CUDA graph on a GPU
@@ -120,12 +121,23 @@ class MTPDrafter:
     def _taps(self, taps: Tensor) -> Tensor:
         return taps.to(self.device, self.dtype)
 
+    @torch.inference_mode()
     def reset(self, prompt: TargetOutput) -> None:
-        """The prompt's pairs (h_t, x_{t+1}) are queued; h of its last token waits for the bonus."""
+        """The prompt's pairs (h_t, x_{t+1}) go into the head's cache; h of its last token waits for the bonus."""
         taps = self._taps(prompt.taps)  # [T, H]
         self.cache, self.length = DynamicCache(), 0
         self._hidden, self._tokens = taps[:-1], prompt.tokens[1:].tolist()
         self._last = taps[-1]
+        # The head's prefill: the prompt's pairs go into its cache now, not in the first round's draft
+        # (the draft prefill is not decode time). The eager drafter feeds them in one forward (step 1's
+        # pair follows in the first draft); the static chain absorbs all but the pairs its first draft
+        # takes with the root's, as that draft would have.
+        if self.steps == 0:
+            return
+        if self._chain is None:
+            self.catch_up()
+        else:
+            self._absorb_static(self._chain.rows - 1)
 
     @torch.inference_mode()
     def catch_up(self) -> Tensor | None:
@@ -170,16 +182,21 @@ class MTPDrafter:
         return torch.cat(rows)
 
     def _draft_static(self) -> Tensor:  # [steps, vocab]
+        self._absorb_static(self._chain.rows)
         hidden, tokens = self._hidden, self._tokens
-        extra = len(tokens) - self._chain.rows
-        if extra > 0:  # more pairs than one chain step takes (a prompt): the first ones op by op
-            self._chain.absorb(hidden[:extra], tokens[:extra], self.length)
-            self.length += extra
-            hidden, tokens = hidden[extra:], tokens[extra:]
         log_probs = self._chain.draft(hidden, tokens, self.length)
         self.length += len(tokens)
         self._hidden, self._tokens = self._hidden[:0], []
         return log_probs
+
+    def _absorb_static(self, keep: int) -> None:
+        """Feed all but the last ``keep`` queued pairs into the static cache, op by op (more pairs than
+        one chain step takes: a prompt's)."""
+        extra = len(self._tokens) - keep
+        if extra > 0:
+            self._chain.absorb(self._hidden[:extra], self._tokens[:extra], self.length)
+            self.length += extra
+            self._hidden, self._tokens = self._hidden[extra:], self._tokens[extra:]
 
     def accept(self, verification: Verification, context: TargetOutput) -> None:
         """Queue the accepted path's pairs (h_{path[i]}, token of path[i + 1]); the last h waits for the bonus."""

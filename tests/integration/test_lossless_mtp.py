@@ -192,6 +192,30 @@ def test_static_cache_absorbs_a_prompt_in_chunks(fitted, monkeypatch):
     assert twin.rounds > 0
 
 
+def test_prompt_pairs_enter_the_cache_at_reset(fitted):
+    """The head's prefill is ``reset``'s work, not the first round's draft (which is decode time): after
+    it the eager drafter holds the prompt's P - 1 pairs and queues none, the static chain holds all but
+    the ``rows - 1`` its first draft takes with the root's pair; a short prompt stays queued there."""
+    family, model, target, head = fitted
+    steps = STRATEGIES["mtp3"][0]
+    prompt = _prompt(23, 13)
+    target.set_taps(MTPDrafter.hidden_layers)  # as the engine does before its prefill
+    with torch.inference_mode():
+        state = target.prefill(prompt)
+    eager = MTPDrafter(head, target, steps=steps)
+    eager.reset(state)
+    assert (eager.length, eager._tokens) == (prompt.numel() - 1, [])
+    assert eager.cache.layers[0].keys.shape[-2] == prompt.numel() - 1
+    static = MTPDrafter(head, target, steps=steps, max_length=96, cuda_graphs=True)
+    rows = static._chain.rows
+    static.reset(state)
+    assert (static.length, len(static._tokens)) == (prompt.numel() - rows, rows - 1)
+    short = _prompt(2, 3)
+    with torch.inference_mode():
+        static.reset(target.prefill(short))
+    assert (static.length, len(static._tokens)) == (0, 1)
+
+
 def test_cuda_graphs_setting():
     model, target = TARGETS["qwen3"](num_layers=1)
     head = MTPHead.for_target(model)
