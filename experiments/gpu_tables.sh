@@ -13,6 +13,7 @@
 #
 # Steps:
 #   suite-fast suite-hybrid suite-long suite-mtp   tests/gpu/test_{fast_path_exact,hybrid_fast_path,long_context,mtp_graph}.py
+#   suite-tree           tests/gpu/test_tree_topk.py (the tree stage's graphed top-k)
 #   27b-512 27b-8192     Qwen3.6-27B geometry: AR, MTP k=3, DFlash, DDTree-64/256 (issue #16's table), one length each
 #   8b-long 8b-128k      Qwen3-8B geometry: 512/8192/32768, then 131072 (issue #19's table)
 #   profile-27b          round_profile.py at 8192: verifies of 1/65/257 nodes, both drafters, whole rounds by stage
@@ -36,6 +37,7 @@ command_for() {
     suite-hybrid) echo "$PY -m pytest -m gpu tests/gpu/test_hybrid_fast_path.py -n $NW -v -p no:cacheprovider" ;;
     suite-long) echo "$PY -m pytest -m gpu tests/gpu/test_long_context.py -n $NW -v -p no:cacheprovider" ;;
     suite-mtp) echo "$PY -m pytest -m gpu tests/gpu/test_mtp_graph.py -n $NW -v -p no:cacheprovider" ;;
+    suite-tree) echo "$PY -m pytest -m gpu tests/gpu/test_tree_topk.py -v -p no:cacheprovider" ;;
     27b-512|27b-8192)
       echo "$speed geometry=qwen3.6-27b rounds=10 prompt_lengths=[${1#27b-}] budgets=[64,256]" \
            "strategies=[ar,mtp,dflash,ddtree] mtp_steps=[3] max_length=9216 prefill_reps=1" ;;

@@ -28,6 +28,7 @@ from array import array
 import numpy as np
 import torch
 
+from ddtree.trees.topk import TopK
 from ddtree.types import Draft, Tree
 
 
@@ -62,6 +63,7 @@ class BestFirstTreeBuilder:
         # beam's launches per depth on a GPU; the beam beyond (H200 timings in the README)
         self.method = method if method != "auto" else ("beam" if budget > 512 else "heap")
         self._pair_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._topk = TopK()
         self.budget = budget
         self.max_width = max_width
         self.draft_temperature = float(draft_temperature)
@@ -74,14 +76,14 @@ class BestFirstTreeBuilder:
         logp_all = draft.log_probs.float()
         if self.draft_temperature != 1.0:
             logp_all = torch.log_softmax(logp_all / self.draft_temperature, dim=-1)
-        top_logp, top_tok = logp_all.topk(k, dim=-1)  # [L, K] each, sorted
         if self.method == "beam":
-            return self._beam(top_logp, top_tok, root_token)
-        # The log-probs as Python floats on demand: a flat float64 array (one copy, no object per entry;
-        # element [row * k + rank], the float32 values exactly) instead of a nested list of L x K floats,
-        # and the tokens gathered once at the end: at B = 256 about a third less host time than lists.
-        logp = array("d", top_logp.detach().cpu().numpy().astype(np.float64).tobytes())
-        tok = top_tok.cpu().numpy().reshape(-1)
+            return self._beam(*logp_all.topk(k, dim=-1), root_token)  # [L, K] each, sorted
+        # The top-K log-probs and tokens on the host in one copy (on CUDA from a graph: ``TopK``). The
+        # log-probs as Python floats on demand: a flat float64 array (no object per entry; element
+        # [row * k + rank], the float32 values exactly) instead of a nested list of L x K floats, and the
+        # tokens gathered once at the end: at B = 256 about a third less host time than lists.
+        values, tok = self._topk(logp_all, k)
+        logp = array("d", values.tobytes())
 
         flat, parents, depths, scores = [0], [-1], [0], [0.0]  # flat: each node's row * k + rank (the root's unused)
         # Heap entries: (-score, depth, rank, parent node, parent score); ranks are 0-based. Every
