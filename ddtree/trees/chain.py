@@ -18,9 +18,11 @@ class ChainTreeBuilder:
         if draft.depth == 0:  # AR: the root alone, without a reduction over an empty draft
             return Tree.root(root_token)
         top_logp, top_tok = draft.log_probs.float().max(dim=-1)  # [L], [L]
+        # One copy to the host for both (float64 holds a token id and a float32 value exactly).
+        host = torch.stack([top_logp.double(), top_tok.double()]).cpu()
         length = draft.depth
-        tokens = torch.cat([torch.tensor([root_token]), top_tok.cpu()])
+        tokens = torch.cat([torch.tensor([root_token]), host[1].long()])
         parents = torch.arange(-1, length, dtype=torch.long)
         depths = torch.arange(0, length + 1, dtype=torch.long)
-        scores = torch.cat([torch.zeros(1), top_logp.cpu().cumsum(0)])
+        scores = torch.cat([torch.zeros(1), host[0].float().cumsum(0)])
         return Tree(tokens, parents, depths, scores)
