@@ -10,7 +10,6 @@ context this keeps the layout stage O(n^2) in time and memory, where ``DenseMask
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,32 +32,13 @@ class TreeMaskCompiler:
         return self
 
     def compile(self, tree: Tree, past_length: int) -> VerifyInputs:
-        if self.device.type == "cuda":
-            ids, positions, visible = packed_move(tree, past_length, self.device, pin=True)
-        else:
-            ids, positions, visible = tree.tokens, tree.depths + past_length, tree.ancestors()
-        return VerifyInputs(input_ids=ids[None], position_ids=positions[None], attention_mask=visible,
-                            parents=tree.parents, past_length=past_length)
-
-
-def packed_move(tree: Tree, past_length: int, device: torch.device, pin: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-    """The tree's ids ``[n]``, positions ``[n]`` (``past_length`` + depth) and ancestor block ``[n, n]`` on
-    ``device``, written into one host buffer (with numpy: a few microseconds) and moved in one copy,
-    pinned and asynchronous where ``pin``: on CUDA three copies from pageable memory each waited.
-
-    >>> ids, positions, visible = packed_move(Tree.root(7), 4, torch.device("cpu"), pin=False)
-    >>> ids.tolist(), positions.tolist(), visible.tolist()
-    ([7], [4], [[True]])
-    """
-    n = tree.size
-    staging = torch.empty(n * (16 + n), dtype=torch.uint8, pin_memory=pin)
-    host = staging.numpy()
-    host[: 8 * n].view(np.int64)[:] = tree.tokens.cpu().numpy()
-    np.add(tree.depths.cpu().numpy(), past_length, out=host[8 * n : 16 * n].view(np.int64))
-    host[16 * n :].view(np.bool_)[:] = tree.ancestors().numpy().reshape(-1)
-    moved = staging.to(device, non_blocking=pin)
-    return (moved[: 8 * n].view(torch.int64), moved[8 * n : 16 * n].view(torch.int64),
-            moved[16 * n :].view(torch.bool).view(n, n))
+        return VerifyInputs(
+            input_ids=tree.tokens.to(self.device)[None],
+            position_ids=(tree.depths + past_length).to(self.device)[None],
+            attention_mask=tree.ancestors().to(self.device),
+            parents=tree.parents,
+            past_length=past_length,
+        )
 
 
 def additive_tree_mask(mask: Tensor | object, past_length: int, dtype: torch.dtype) -> Tensor | object:

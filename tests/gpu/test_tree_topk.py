@@ -1,14 +1,12 @@
-"""The tree and layout stages' device work on a GPU (run with ``pytest -m gpu``): ``TopK``'s CUDA graphs
-give ``torch.topk``'s values and tokens, ties in the same order, at the vocabularies and budgets the
-issues time, and the best-first heap builds the same trees from them as from the op-by-op ``topk``;
-``TreeMaskCompiler``'s one pinned copy gives the tree's ids, positions and ancestor block.
+"""The tree stage's graphed top-k on a GPU (run with ``pytest -m gpu``): ``TopK``'s CUDA graphs give
+``torch.topk``'s values and tokens, ties in the same order, at the vocabularies and budgets the
+issues time, and the best-first heap builds the same trees from them as from the op-by-op ``topk``.
 """
 
 import numpy as np
 import pytest
 import torch
 
-from ddtree.masks import TreeMaskCompiler
 from ddtree.trees import BestFirstTreeBuilder
 from ddtree.trees.topk import TopK
 from ddtree.types import Draft
@@ -45,14 +43,3 @@ def test_heap_trees_from_the_graphed_topk_equal_the_op_by_op_ones(budget):
         for field in ("tokens", "parents", "depths", "scores"):
             assert torch.equal(getattr(a, field), getattr(b, field)), (seed, field)
 
-
-def test_the_layout_s_one_copy_gives_the_tree_s_inputs():
-    compiler = TreeMaskCompiler().to("cuda", torch.bfloat16)
-    builder = BestFirstTreeBuilder(64)
-    for seed in range(6):
-        tree = builder.build(Draft(_draft(200 + seed, 15, 5000)), root_token=seed)
-        got = compiler.compile(tree, past_length=1000 * seed)
-        assert got.input_ids.is_cuda and got.attention_mask.is_cuda
-        assert torch.equal(got.input_ids[0].cpu(), tree.tokens)
-        assert torch.equal(got.position_ids[0].cpu(), tree.depths + 1000 * seed)
-        assert torch.equal(got.attention_mask.cpu(), tree.ancestors())
