@@ -83,9 +83,11 @@ def profile_drafters(args, model, target, prompt: torch.Tensor, device: torch.de
     """Per drafter of ``args.drafters``: the median graphed draft (CUDA events) after a prefill of
     ``prompt``, then one draft of the same drafter run op by op under the profiler. The DFlash
     draft absorbs a block of pending features first, as every round does; the MTP draft is the
-    static chain's (``steps`` head forwards and LM heads over one round's pairs). Both DFlash runs read
-    the context as the loop's graphed drafter does (``attention="auto"``: split attention over a cache
-    of more than 4096 rows, the op-by-op run told the same with ``attention="split"``); before, both
+    static chain's (``steps`` head forwards and LM heads over one round's pairs). Both runs of either
+    drafter read the context as the loop's graphed drafter does (``attention="auto"``: split attention
+    over a cache of more than 4096 rows, the op-by-op run told the same with ``attention="split"``; at
+    commit 7fcbbe9 and before, the MTP chain's op-by-op run read it through FlexAttention's own kernel,
+    so its kernel table there is not the graphed run's). Before that, both DFlash runs
     read a dense mask over the whole cache, and at prompt 8192 on Qwen3.6-27B's geometry (one H100) the
     graphed draft took 7.12 ms here against speed.py's 3.16."""
     from ddtree.drafters.dflash import DFlashDrafter

@@ -60,8 +60,8 @@ class MTPDrafter:
     same static code runs op by op (as ``DFlashDrafter`` falls back). "auto" is True on a GPU
     for a head whose layer a graph can replay (no mixture of experts), False otherwise.
     ``attention`` and ``flex_threshold``: how the static chain reads its cache (``StaticChain``:
-    "auto" reads only the live rows through FlexAttention when graphed over more than
-    ``flex_threshold`` rows).
+    "auto" reads only the live rows, the prefix by split attention where it runs, when graphed over
+    more than ``flex_threshold`` rows; "dense", "flex" and "split" force one).
 
     >>> drafter = MTPDrafter(MTPHead.from_pretrained(path), target, steps=3)      # doctest: +SKIP
     >>> SpeculativeEngine(target, drafter, ChainTreeBuilder(), ...).generate(ids)  # doctest: +SKIP

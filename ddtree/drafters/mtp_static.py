@@ -12,11 +12,12 @@ position; the mask is folded (``groups`` copies of its rows), so the query heads
 K/V head attend as one and the cache is never expanded to the query heads. Padding rows and chained steps write K/V past the committed length: the mask hides
 them, and the next round writes its own rows there before any query can see them.
 
-Such a dense mask is as wide as the cache whatever the context: with ``attention="flex"``
-(``"auto"``: graphed, over a cache of more than ``flex_threshold`` rows, as the DFlash drafter
-decides) each forward reads only the live rows instead, through a ``FlexLayout`` per forward of the
-chain (block-sparse FlexAttention, or the prefix/block split of ``ddtree.models.split_attention``
-where it runs), whose P the graph rewrites from the committed length on the device.
+Such a dense mask is as wide as the cache whatever the context: with ``attention="flex"`` or
+``"split"`` (``"auto"``: split, graphed, over a cache of more than ``flex_threshold`` rows, as the
+DFlash drafter decides) each forward reads only the live rows instead, through a ``FlexLayout`` per
+forward of the chain (block-sparse FlexAttention; with split, the prefix/block split of
+``ddtree.models.split_attention`` where it runs), whose P the graph rewrites from the committed
+length on the device.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class StaticChain:
     op by op (on the CPU too), which is what makes the graph's logic testable there.
 
     ``attention``: "dense" (the folded mask over the whole cache), "flex" (a ``FlexLayout`` per
-    forward: only the live rows are read) or "auto" (flex when graphed over more than
-    ``flex_threshold`` rows and FlexAttention compiles here).
+    forward: only the live rows are read), "split" (those layouts, the prefix read by split attention
+    where it runs) or "auto" (split when graphed over more than ``flex_threshold`` rows and
+    FlexAttention compiles here, else dense). ``chain.attention`` says which runs: an op-by-op chain
+    given it runs the graphed chain's attention (``experiments/round_profile.py`` profiles so).
 
     >>> chain = StaticChain(head, target, steps=3, max_length=4096, graphs=True)   # doctest: +SKIP
     >>> chain.draft(hidden, [root], length=41)   # [3, vocab] float32 log-probs     # doctest: +SKIP
@@ -53,8 +56,8 @@ class StaticChain:
                  flex_threshold: int = 4096) -> None:
         if steps < 1:
             raise ValueError(f"a chain drafts at least one step, got steps={steps}")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention={attention!r}: choose one of {ATTENTIONS}")
+        if attention not in (*ATTENTIONS, "split"):
+            raise ValueError(f"attention={attention!r}: choose one of {(*ATTENTIONS, 'split')}")
         param = next(head.parameters())
         if graphs and param.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the MTP head on a CUDA device; it is on {param.device}")
@@ -72,14 +75,15 @@ class StaticChain:
         self._offsets = torch.arange(self.rows, device=self.device)  # [R]
         self._cols = torch.arange(max_length, device=self.device)  # [max_length]
         self._graph: tuple[torch.cuda.CUDAGraph, Tensor] | None = None
-        split = attention == "auto"  # auto: the prefix through a flash kernel where it runs (split_attention)
-        if attention == "auto":
-            attention = "flex" if graphs and max_length > flex_threshold and fused.compiles(
+        if attention == "auto":  # the prefix through a flash kernel where it runs (split_attention)
+            attention = "split" if graphs and max_length > flex_threshold and fused.compiles(
                 flex_attention.probe, self.dtype, self.device, "the MTP drafter keeps its dense mask") else "dense"
+        split = attention == "split"
         # One layout per forward of the chain: step 1's rows see the prefix and the block causally,
         # each chained step (one query at its own row) the prefix up to that row.
         self.layouts: list[FlexLayout] | None = None
-        if attention == "flex":
+        self._split = split
+        if attention in ("flex", "split"):
             self.layouts = [FlexLayout(self.rows, max_length, self.device, split=split)]
             self.layouts += [FlexLayout(1, max_length, self.device, split=split) for _ in range(steps - 1)]
             self.layouts[0].visible.copy_(torch.ones(self.rows, self.rows, dtype=torch.bool).tril())
@@ -88,8 +92,9 @@ class StaticChain:
 
     @property
     def attention(self) -> str:
-        """"flex" where forwards read the live rows through ``FlexLayout``s, else "dense"."""
-        return "dense" if self.layouts is None else "flex"
+        """"flex" where forwards read the live rows through ``FlexLayout``s, "split" where those layouts
+        read the prefix by split attention where it runs, else "dense"."""
+        return "dense" if self.layouts is None else ("split" if self._split else "flex")
 
     def _embed(self, tokens: Tensor) -> Tensor:  # [n] -> [n, H]
         return self.target.embed(tokens).to(self.device, self.dtype)

@@ -152,12 +152,14 @@ def test_cache_equals_one_built_from_the_committed_sequence(fitted, strategy):
 
 
 @pytest.mark.parametrize("strategy,attention", [("mtp1", "dense"), ("mtp2", "dense"), ("mtp3", "dense"),
-                                                ("mtp-tree16-top2", "dense"), ("mtp1", "flex"), ("mtp3", "flex")])
+                                                ("mtp-tree16-top2", "dense"), ("mtp1", "flex"), ("mtp3", "flex"),
+                                                ("mtp3", "split")])
 def test_static_cache_drafts_equal_eager_and_decode_greedy(fitted, strategy, attention):
     """The fast path's static cache, op by op on the CPU (the code a CUDA graph replays, without
     the graph): every draft equals the eager drafter's, round by round, over prompts of several
     lengths on one engine (buffers reused), and the tokens are the target's greedy ones. With
-    ``attention="flex"`` each forward of the chain reads the live rows through its ``FlexLayout``."""
+    ``attention="flex"`` each forward of the chain reads the live rows through its ``FlexLayout``
+    ("split": the same layouts, which on the CPU read them as "flex" does)."""
     family, model, target, head = fitted
     steps, tree, top_k = STRATEGIES[strategy]
     static = MTPDrafter(head, target, steps=steps, top_k=top_k, max_length=96, cuda_graphs=True, attention=attention)
