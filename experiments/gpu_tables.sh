@@ -11,6 +11,11 @@
 # runs everything, NW (8) is the GPU suite's pytest-xdist workers. PRINT=1 prints each step's command
 # line and runs nothing (the CPU tests check those lines parse).
 #
+# A baseline in the same call (timings compare only on one machine): carry the older package as an
+# ignored folder (git archive REV ddtree | tar -x -C .base) and run the step again with it first on the
+# path and this checkout's configs (the Hydra apps look for configs/ beside the package otherwise):
+#   PYTHONPATH=$PWD/.base:$PYTHONPATH DDTREE_CONFIGS=$PWD/configs OUT=results/base bash experiments/gpu_tables.sh 8b-long
+#
 # Steps:
 #   suite-fast suite-hybrid suite-long suite-mtp   tests/gpu/test_{fast_path_exact,hybrid_fast_path,long_context,mtp_graph}.py
 #   suite-tree           tests/gpu/test_tree_topk.py (the tree stage's graphed top-k)
