@@ -11,6 +11,7 @@ call is then a copy of the draft into the buffer, one graph launch and one copy 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -76,19 +77,25 @@ class TopK:
 
     @staticmethod
     def _record(view: Tensor, k: int) -> tuple[torch.cuda.CUDAGraph, Tensor] | None:
-        """``packed_topk(view, k)`` recorded once (after a warm-up on a side stream), or None where
-        the recording fails."""
+        """``packed_topk(view, k)`` recorded once (after a warm-up on a side stream) on the draft's own
+        device (a drafter on another GPU than the current one), or None where the recording fails."""
+        on_device = torch.cuda.device(view.device) if view.is_cuda else contextlib.nullcontext()
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                packed_topk(view, k)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = packed_topk(view, k)
-            return graph, out
+            with on_device:
+                return TopK._capture(view, k)
         except RuntimeError as err:  # a topk this torch cannot record: op by op, as before
             log.warning("the tree's top-k runs op by op at %s rows, k=%d: its CUDA graph failed (%s)",
                         view.shape[0], k, (str(err).splitlines() or [""])[0])
             return None
+
+    @staticmethod
+    def _capture(view: Tensor, k: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            packed_topk(view, k)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = packed_topk(view, k)
+        return graph, out
