@@ -119,8 +119,11 @@ def _strategies(cfg: DictConfig, eager: HFTarget, fast: StaticTarget, dflash_mod
             strategy = presets.compose(preset, overrides) if overrides else base
             label = preset + ("" if budget is None else f"-{budget}") + ("" if k is None else f"-k{k}")
             for path, target in paths:
+                # The eager rows build their trees op by op too (no CUDA graph for the heap's top-k).
+                here = presets.compose(preset, overrides + ["tree.graphs=false"]) \
+                    if path == "eager" and "graphs" in strategy.tree else strategy
                 try:
-                    engine = engine_from_config(strategy, target, model=dflash_model, max_length=cfg.max_length,
+                    engine = engine_from_config(here, target, model=dflash_model, max_length=cfg.max_length,
                                                 cuda_graphs=path == "fast" and cfg.cuda_graphs,
                                                 attention=cfg.get("attention", "auto") if path == "fast" else "dense",
                                                 flex_threshold=cfg.get("flex_threshold", 4096),

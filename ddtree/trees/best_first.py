@@ -38,7 +38,8 @@ class BestFirstTreeBuilder:
     ``max_width`` caps the ranks per depth (``max_width=1`` gives the chain). ``draft_temperature``
     rescales the draft before scoring (below 1: trust the drafter more, which grows deeper, narrower
     trees when a drafter ranks well but is under-confident). Verification does not depend on it, so
-    every setting is equally lossless.
+    every setting is equally lossless. ``graphs``: how the heap's top-k runs (``ddtree.trees.topk.TopK``):
+    None (default) from a CUDA graph for a draft on CUDA, op by op elsewhere; False always op by op.
 
     >>> q = torch.log_softmax(torch.randn(4, 10), -1)
     >>> BestFirstTreeBuilder(budget=6).build(Draft(q), root_token=3).size
@@ -46,7 +47,7 @@ class BestFirstTreeBuilder:
     """
 
     def __init__(self, budget: int, max_width: int | None = None, draft_temperature: float = 1.0,
-                 method: str = "auto") -> None:
+                 method: str = "auto", graphs: bool | None = None) -> None:
         if not isinstance(budget, int) or budget < 0:
             raise ValueError(
                 f"tree budget must be a non-negative integer (nodes below the root), got {budget!r}; "
@@ -63,7 +64,7 @@ class BestFirstTreeBuilder:
         # beam's launches per depth on a GPU; the beam beyond (H200 timings in the README)
         self.method = method if method != "auto" else ("beam" if budget > 512 else "heap")
         self._pair_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._topk = TopK()
+        self._topk = TopK(graphs=graphs)
         self.budget = budget
         self.max_width = max_width
         self.draft_temperature = float(draft_temperature)

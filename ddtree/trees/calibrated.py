@@ -53,12 +53,12 @@ class CalibratedTreeBuilder:
     """
 
     def __init__(self, budget: int, temperatures: Sequence[float], max_width: int | None = None,
-                 method: str = "auto") -> None:
+                 method: str = "auto", graphs: bool | None = None) -> None:
         values = [float(t) for t in temperatures]
         if not values or not all(t > 0 for t in values):
             raise ValueError(f"temperatures must be a non-empty list of positive numbers (one per depth), got "
                              f"{list(temperatures)!r}; fit them with experiments/calibrate_tree.py")
-        self.best_first = BestFirstTreeBuilder(budget, max_width=max_width, method=method)
+        self.best_first = BestFirstTreeBuilder(budget, max_width=max_width, method=method, graphs=graphs)
         self.budget = budget
         self.temperatures = torch.tensor(values, dtype=torch.float32)  # [K]
 

@@ -5,8 +5,9 @@ The best-first heap reads the top-k log-probs and tokens of every depth on the h
 and the tokens were two copies to the host, each a synchronisation. ``TopK`` runs the same
 ``topk`` (so the same ties in the same order) and packs both results into one float64 tensor
 (a token id below 2^53 and a float32 value are exact in float64), copied to the host at once. On
-CUDA it records that work as a CUDA graph per (depth, vocab, k) over a static input buffer: each
-call is then a copy of the draft into the buffer, one graph launch and one copy out.
+CUDA it records that work as a CUDA graph per (depth, vocab, k) over a static input buffer, at a
+shape's second use (a draft cut short near the end of a run is met once): each call is then a copy
+of the draft into the buffer, one graph launch and one copy out.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class TopK:
         self.graphs = graphs
         self._static: Tensor | None = None  # [rows, V] the graphs' input; its first L rows are a draft's
         self._recorded: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor] | None] = {}
+        self._seen: set[tuple] = set()  # (rows, k) met once: recorded at the second meeting
 
+    @torch.inference_mode()  # the buffer is then the same kind of tensor whoever calls first
     def __call__(self, log_probs: Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         graphs = log_probs.is_cuda if self.graphs is None else self.graphs
         packed = self._replay(log_probs, k) if graphs else packed_topk(log_probs, k)
@@ -63,9 +66,12 @@ class TopK:
                 or static.device != log_probs.device):
             static = self._static = torch.empty_like(log_probs)
             self._recorded.clear()  # recorded over the buffer just replaced
+        key = (rows, k)
+        if key not in self._recorded and key not in self._seen:  # met once (a draft cut near the end):
+            self._seen.add(key)                                   # not worth a recording yet
+            return packed_topk(log_probs, k)
         view = static[:rows]
         view.copy_(log_probs)
-        key = (rows, k)
         if key not in self._recorded:
             self._recorded[key] = self._record(view, k)
         recorded = self._recorded[key]
@@ -90,12 +96,14 @@ class TopK:
 
     @staticmethod
     def _capture(view: Tensor, k: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        # A stream of the draft's device for the warm-up and the capture: ``torch.cuda.graph``'s default
+        # capture stream is shared by every graph of the process and lives on one device.
+        stream = torch.cuda.Stream(device=view.device)
+        stream.wait_stream(torch.cuda.current_stream(view.device))
         with torch.cuda.stream(stream):
             packed_topk(view, k)
-        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream(view.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             out = packed_topk(view, k)
         return graph, out

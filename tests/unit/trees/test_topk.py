@@ -28,7 +28,8 @@ def _reference(log_probs: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]
 def test_topk_equals_torch_topk_with_ties_over_changing_shapes(graphs):
     top = TopK(graphs=graphs)
     # depths as a run's drafts come (full, then cut near the end, then full again) and several k
-    shapes = [(6, 500, 8), (6, 500, 8), (3, 500, 8), (6, 500, 64), (1, 500, 8), (8, 500, 8), (6, 700, 5)]
+    shapes = [(6, 500, 8), (6, 500, 8), (6, 500, 8), (3, 500, 8), (6, 500, 64), (6, 500, 64), (1, 500, 8),
+              (6, 500, 8), (8, 500, 8), (8, 500, 8), (6, 500, 8), (6, 700, 5), (6, 700, 5)]
     with fake_cuda_graphs(replay=True):
         for seed, (rows, vocab, k) in enumerate(shapes):
             log_probs = _tied(seed, rows, vocab)
@@ -38,8 +39,22 @@ def test_topk_equals_torch_topk_with_ties_over_changing_shapes(graphs):
             assert values.dtype == np.float64 and tokens.dtype == np.int64
             np.testing.assert_array_equal(tokens, want_tokens)
             np.testing.assert_array_equal(values, want_values)
-    if graphs:  # one buffer of the most rows seen, graphs per (rows, k) recorded on it
+    if graphs:  # one buffer of the most rows seen; a shape is recorded at its second use on that buffer
         assert top._static.shape == (6, 700) and set(top._recorded) == {(6, 5)}
+        assert {(3, 8), (1, 8)} <= top._seen
+
+
+def test_the_buffer_serves_calls_in_and_out_of_inference_mode():
+    """A buffer made under ``torch.inference_mode`` (the loop's) still serves a later call outside it."""
+    top = TopK(graphs=True)
+    log_probs = _tied(3, 4, 300)
+    with fake_cuda_graphs(replay=True):
+        with torch.inference_mode():
+            top(log_probs, 8)
+            top(log_probs, 8)
+        values, tokens = top(log_probs, 8)
+    np.testing.assert_array_equal(tokens, _reference(log_probs, 8)[1])
+    assert (4, 8) in top._recorded
 
 
 def test_a_failed_recording_runs_op_by_op(monkeypatch, caplog):
