@@ -78,11 +78,10 @@ class StaticChain:
         if attention == "auto":  # the prefix through a flash kernel where it runs (split_attention)
             attention = "split" if graphs and max_length > flex_threshold and fused.compiles(
                 flex_attention.probe, self.dtype, self.device, "the MTP drafter keeps its dense mask") else "dense"
-        split = attention == "split"
+        self._split = split = attention == "split"
         # One layout per forward of the chain: step 1's rows see the prefix and the block causally,
         # each chained step (one query at its own row) the prefix up to that row.
         self.layouts: list[FlexLayout] | None = None
-        self._split = split
         if attention in ("flex", "split"):
             self.layouts = [FlexLayout(self.rows, max_length, self.device, split=split)]
             self.layouts += [FlexLayout(1, max_length, self.device, split=split) for _ in range(steps - 1)]

@@ -12,7 +12,6 @@ of the draft into the buffer, one graph launch and one copy out.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import numpy as np
@@ -55,22 +54,20 @@ class TopK:
     @torch.inference_mode()  # the buffer is then the same kind of tensor whoever calls first
     def __call__(self, log_probs: Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         graphs = log_probs.is_cuda if self.graphs is None else self.graphs
-        packed = self._replay(log_probs, k) if graphs else packed_topk(log_probs, k)
-        host = packed.detach().cpu().numpy()
+        host = (self._replay(log_probs, k) if graphs else packed_topk(log_probs, k)).cpu().numpy()
         return host[0].reshape(-1), host[1].reshape(-1).astype(np.int64)
 
     def _replay(self, log_probs: Tensor, k: int) -> Tensor:
-        rows, vocab = log_probs.shape
-        static = self._static
-        if (static is None or static.shape[0] < rows or static.shape[1] != vocab or static.dtype != log_probs.dtype
-                or static.device != log_probs.device):
-            static = self._static = torch.empty_like(log_probs)
-            self._recorded.clear()  # recorded over the buffer just replaced
-        key = (rows, k)
+        key = (log_probs.shape[0], k)
         if key not in self._recorded and key not in self._seen:  # met once (a draft cut near the end):
             self._seen.add(key)                                   # not worth a recording yet
             return packed_topk(log_probs, k)
-        view = static[:rows]
+        static = self._static
+        if (static is None or static.shape[0] < key[0] or static.shape[1:] != log_probs.shape[1:]
+                or static.dtype != log_probs.dtype or static.device != log_probs.device):
+            static = self._static = torch.empty_like(log_probs)
+            self._recorded.clear()  # recorded over the buffer just replaced
+        view = static[: key[0]]
         view.copy_(log_probs)
         if key not in self._recorded:
             self._recorded[key] = self._record(view, k)
@@ -83,27 +80,20 @@ class TopK:
 
     @staticmethod
     def _record(view: Tensor, k: int) -> tuple[torch.cuda.CUDAGraph, Tensor] | None:
-        """``packed_topk(view, k)`` recorded once (after a warm-up on a side stream) on the draft's own
-        device (a drafter on another GPU than the current one), or None where the recording fails."""
-        on_device = torch.cuda.device(view.device) if view.is_cuda else contextlib.nullcontext()
+        """``packed_topk(view, k)`` recorded once, after a warm-up, on a stream of the draft's own device
+        (``torch.cuda.graph``'s default capture stream is shared by every graph of the process and
+        lives on one device), or None where the recording fails."""
         try:
-            with on_device:
-                return TopK._capture(view, k)
+            stream = torch.cuda.Stream(device=view.device)
+            stream.wait_stream(torch.cuda.current_stream(view.device))
+            with torch.cuda.stream(stream):
+                packed_topk(view, k)
+            torch.cuda.current_stream(view.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                out = packed_topk(view, k)
+            return graph, out
         except RuntimeError as err:  # a topk this torch cannot record: op by op, as before
             log.warning("the tree's top-k runs op by op at %s rows, k=%d: its CUDA graph failed (%s)",
                         view.shape[0], k, (str(err).splitlines() or [""])[0])
             return None
-
-    @staticmethod
-    def _capture(view: Tensor, k: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        # A stream of the draft's device for the warm-up and the capture: ``torch.cuda.graph``'s default
-        # capture stream is shared by every graph of the process and lives on one device.
-        stream = torch.cuda.Stream(device=view.device)
-        stream.wait_stream(torch.cuda.current_stream(view.device))
-        with torch.cuda.stream(stream):
-            packed_topk(view, k)
-        torch.cuda.current_stream(view.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            out = packed_topk(view, k)
-        return graph, out
