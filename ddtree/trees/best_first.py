@@ -55,6 +55,8 @@ class BestFirstTreeBuilder:
             )
         if max_width is not None and max_width < 1:
             raise ValueError(f"max_width must be >= 1 or None, got {max_width!r}")
+        if graphs not in (None, True, False):
+            raise ValueError(f"graphs must be null (a CUDA graph for a draft on CUDA), true or false, got {graphs!r}")
         if not draft_temperature > 0:
             raise ValueError(f"draft_temperature must be > 0, got {draft_temperature!r}")
         if method not in ("auto", "beam", "heap"):

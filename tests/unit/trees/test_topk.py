@@ -87,3 +87,8 @@ def test_heap_trees_are_the_same_from_the_graphed_topk():
             a, b = graphed.build(draft, root_token=seed), plain.build(draft, root_token=seed)
             for field in ("tokens", "parents", "depths", "scores"):
                 assert torch.equal(getattr(a, field), getattr(b, field)), (seed, field)
+
+
+def test_a_bad_graphs_setting_is_refused():
+    with pytest.raises(ValueError, match="graphs must be null"):
+        BestFirstTreeBuilder(16, graphs="yes")
