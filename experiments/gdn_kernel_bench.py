@@ -21,7 +21,8 @@ replays of --reps back-to-back calls (the median of five replays, per call):
 - ``conv/compiled`` and ``conv/triton``: the tree conv alone, compiled by Inductor and as
   ``gdn_tree_triton.tree_conv`` (with its largest difference from the compiled one);
 - ``rule/...``: ``gdn_tree_triton.tree_delta_rule`` alone, per block, value block, precision and form
-  (one kernel, or ``split``: the system in parallel, then the forward substitution),
+  (one kernel, or ``split``: the system in parallel, then the forward substitution, or ``push``: that
+  substitution right-looking, in registers),
 
 each with its error ``|out - ref| / |ref|`` against the float64 torch math on the same inputs.
 Random inputs, bf16 activations as in the model. Plain argparse, no Hydra.
@@ -54,8 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--value-blocks", type=int, nargs="+", default=[32, 64])
     p.add_argument("--precisions", nargs="+", choices=["ieee", "tf32"], default=["ieee", "tf32"],
                    help="dot precisions of the rule (bf16 models run tf32, fp32 models ieee)")
-    p.add_argument("--forms", nargs="+", choices=["one", "split"], default=["one", "split"],
-                   help="the one-kernel rule, the split one, or both")
+    p.add_argument("--forms", nargs="+", choices=["one", "split", "push"], default=["one", "split"],
+                   help="the one-kernel rule, the split one, the split one with the right-looking substitution "
+                        "(push, up to 128 nodes)")
     p.add_argument("--reps", type=int, default=20, help="calls per captured graph")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
@@ -126,11 +128,11 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     # The float64 reference on the same inputs: g back from gamma (anc is unit lower triangular).
     g = torch.linalg.solve_triangular(anc.double(), gamma.double(), upper=False, unitriangular=True)
     ref = delta_rule_tensors(q.double() * d**0.5, key.double(), v.double(), g, b.double(), None, s0.double(), anc)[0]
-    forms = [form == "split" for form in args.forms]
-    for block, value_block, precision, split in itertools.product(args.blocks, args.value_blocks, args.precisions, forms):
-        name = f"rule/bt{block}/bv{value_block}/{precision}" + ("/split" if split else "")
+    for block, value_block, precision, form in itertools.product(args.blocks, args.value_blocks, args.precisions,
+                                                                  args.forms):
+        name = f"rule/bt{block}/bv{value_block}/{precision}" + ("" if form == "one" else f"/{form}")
         run = lambda: tree_delta_rule(q, key, v, gamma, b, s0, anc, block=block, value_block=value_block,  # noqa: E731
-                                      precision=precision, split=split)
+                                      precision=precision, split=form != "one", push=form == "push")
         try:
             out = run()[0]
             row[name] = {"us": graphed_us(run, args.reps),

@@ -12,7 +12,8 @@ cache), and n = 1, 16, 65, 257 queries: one layer's ``split_attend`` time, graph
   reference); ``flash_prefix_only_us``: the flash call alone; ``flex_us`` (n <= 16): FlexAttention;
 - ``(BM, BN, warps, stages)/S<k>``: ``prefix_triton`` with those tiles (``PREFIX_TILES``) and k
   segments (S0, and the count that gives two programs per multiprocessor at that BM), with the Triton
-  merge: [us, largest difference from the plain-math reference].
+  merge: [us, largest difference from the plain-math reference]; with ``--fused``, ``.../fused``: the
+  block part in the same launch as one more segment (``prefix_block_triton``), then ``triton_combine``.
 
 Each row names the fastest Triton form within 0.05 of the reference (``best``). Random data;
 kernels only. Plain argparse; stops adding shapes after ``--seconds``.
@@ -34,6 +35,10 @@ from ddtree.models.flex_attention import FlexLayout, attend
 
 TILES = {128: [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (16, 64, 4, 3)],
          256: [(64, 32, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (16, 64, 4, 2)]}
+# More tiles at head dim 256 (``--more``): 128-row programs over two warp groups, a third of the
+# key/value re-reads of 64-row ones where many query rows share a K/V head (65 queries: 390 rows).
+MORE_TILES = {128: [], 256: [(128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2)]}
+HEADS = {"27b": (24, 4, 256), "8b": (32, 8, 128)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,10 +46,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--buffer", type=int, default=132000)
     p.add_argument("--seconds", type=float, default=115.0)
     p.add_argument("--out", type=Path, default=Path("prefix_tiles.json"))
+    p.add_argument("--heads", nargs="+", choices=sorted(HEADS), default=["27b", "8b"],
+                   help="27b: 24 query heads over 4 of 256; 8b: 32 over 8 of 128")
+    p.add_argument("--pasts", type=int, nargs="+", default=[8192, 32768], help="committed prefix lengths")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 65, 257], help="queries per call")
+    p.add_argument("--more", action="store_true", help="also time MORE_TILES")
+    p.add_argument("--fused", action="store_true",
+                   help="also time each tile with the block part in the prefix launch (prefix_block_triton, "
+                        "then triton_combine): '<tile>/S<k>/fused'")
+    p.add_argument("--segments", type=int, nargs="*", default=[],
+                   help="more segment counts to time each tile at (besides S0 and the two-per-SM count)")
     return p.parse_args(argv)
 
 
-def shape_row(q, k, v, past: int, n: int, sms: int) -> dict:
+def shape_row(q, k, v, past: int, n: int, sms: int, tiles: list | None = None, extra_segments=(),
+              fused: bool = False) -> dict:
     """One shape's timings (see the module doc)."""
     dev, (_, hq, _, d), hkv, length = q.device, q.shape, k.shape[1], k.shape[2]
     groups, m = hq // hkv, hq // hkv * n
@@ -76,19 +92,36 @@ def shape_row(q, k, v, past: int, n: int, sms: int) -> dict:
         row["flex_us"] = graphed_us(fn, 20)
     best, kept = None, dict(sa.PREFIX_TILES)
     try:
-        for tile in TILES[d]:
+        for tile in tiles or TILES[d]:
             sa.PREFIX_TILES[d] = tile
             fill = max(1, min(math.ceil(2 * sms / (hkv * math.ceil(m / tile[0]))), math.ceil(length / 512)))
-            for segments in sorted({s0, fill}):
+            for segments in sorted({s0, fill, *extra_segments}):
                 bounds = sa.SegmentBounds(p, segments, m)
                 want = want0 if segments == s0 else reference(bounds, segments)
                 fn = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=sa.prefix_triton,
                                              merge=sa.triton_merge, bounds=bounds)
-                err = float((fn().float() - want).abs().max())
-                us = graphed_us(fn, 20)
+                try:
+                    err = float((fn().float() - want).abs().max())
+                    us = graphed_us(fn, 20)
+                except Exception as exc:  # a tile the GPU cannot hold (shared memory, registers)
+                    row[f"{tile}/S{segments}"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+                    continue
                 row[f"{tile}/S{segments}"] = [round(us, 1), round(err, 4)]
                 if err < sa.SERVES_TOLERANCE and (best is None or us < best[1]):
                     best = (f"{tile}/S{segments}", us)
+                if not fused:
+                    continue
+                fn = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=sa.prefix_block_triton,
+                                             merge=sa.triton_combine, bounds=bounds)
+                try:
+                    err = float((fn().float() - want).abs().max())
+                    us = graphed_us(fn, 20)
+                except Exception as exc:
+                    row[f"{tile}/S{segments}/fused"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+                    continue
+                row[f"{tile}/S{segments}/fused"] = [round(us, 1), round(err, 4)]
+                if err < sa.SERVES_TOLERANCE and (best is None or us < best[1]):
+                    best = (f"{tile}/S{segments}/fused", us)
     finally:
         sa.PREFIX_TILES.clear()
         sa.PREFIX_TILES.update(kept)
@@ -104,16 +137,17 @@ def main(argv=None) -> None:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows, start = [], time.time()
-    for hq, hkv, d in ((24, 4, 256), (32, 8, 128)):
+    for hq, hkv, d in (HEADS[name] for name in args.heads):
+        tiles = TILES[d] + (MORE_TILES[d] if args.more else [])
         gen = torch.Generator(dev).manual_seed(0)
         k = torch.randn(1, hkv, args.buffer, d, device=dev, dtype=dtype, generator=gen)
         v = torch.randn_like(k)
-        for past in (8192, 32768):
-            for n in (1, 16, 65, 257):
+        for past in args.pasts:
+            for n in args.sizes:
                 if time.time() - start > args.seconds:
                     break
                 q = torch.randn(1, hq, n, d, device=dev, dtype=dtype, generator=gen)
-                rows.append(shape_row(q, k, v, past, n, sms))
+                rows.append(shape_row(q, k, v, past, n, sms, tiles, args.segments, args.fused))
                 print(json.dumps({key: rows[-1].get(key) for key in ("heads", "P", "n", "S0", "flex_us", "flash_us",
                                                                       "flash_compiled_merge_us",
                                                                       "flash_prefix_only_us", "best")}), flush=True)

@@ -173,6 +173,49 @@ def tree_solve_kernel(
 
 
 @triton.jit
+def tree_push_kernel(
+    q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0_ptr, sys_ptr, scores_ptr, inv_ptr, out_ptr, u_ptr,
+    stride_qn, stride_vn, stride_gn, stride_on,
+    N: tl.constexpr, NP: tl.constexpr, NR: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BV: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Split form, part 2 for a tree of at most NR rows (a power of two): every row's acc_u and acc_o
+    stay in registers. Once block c's U_c is solved, the system's and the scores' column block c
+    update every later row at once (a right-looking substitution), so no U is read back from memory
+    and nothing on the dependent chain waits on a load. The same sums in the same order as
+    ``tree_solve_kernel``: each row's terms come in block order c = 0, 1, ..."""
+    h = tl.program_id(0)
+    vs = tl.program_id(1) * BV
+    hk = h // R
+    r = tl.arange(0, NR)
+    live = r < N
+    dk = tl.arange(0, DK)
+    dv = vs + tl.arange(0, BV)
+    t = tl.arange(0, BT)
+    s0 = tl.load(s0_ptr + h * DK * DV + dk[:, None] * DV + dv[None, :])  # [DK, BV]
+    _, _, _, _, acc_u, acc_o = block_start(q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0, r, live, h, hk, dk, dv,
+                                           stride_qn, stride_vn, stride_gn, DK, DV, PRECISION)  # [NR, BV] each
+    block_of = r // BT
+    nb = tl.arange(0, NR // BT)
+    base = h * NP * NP + r[:, None] * NP
+    for c in tl.static_range((N + BT - 1) // BT):
+        cols = c * BT + t
+        # Block c's rows of acc_u, picked exactly (a select and a sum of zeros, no dot).
+        pick = tl.where((nb == c)[:, None, None], tl.reshape(acc_u, (NR // BT, BT, BV)), 0.0)
+        inverse = tl.load(inv_ptr + h * NP * BT + cols[:, None] * BT + t[None, :])
+        uc = tl.dot(inverse, tl.reduce(pick, 0, _add), input_precision=PRECISION)  # [BT, BV]
+        tl.store(u_ptr + cols[:, None] * stride_on + h * DV + dv[None, :], uc, mask=(cols < N)[:, None])
+        # Column block c: of the system for the rows of later blocks, of the scores from block c on
+        # (zeros elsewhere, so those rows' sums are unchanged).
+        a_col = tl.load(sys_ptr + base + cols[None, :], mask=(live & (block_of > c))[:, None], other=0.0)
+        s_col = tl.load(scores_ptr + base + cols[None, :], mask=(live & (block_of >= c))[:, None], other=0.0)
+        acc_u -= tl.dot(a_col, uc, input_precision=PRECISION)
+        acc_o += tl.dot(s_col, uc, input_precision=PRECISION)
+    tl.store(out_ptr + r[:, None] * stride_on + h * DV + dv[None, :], acc_o.to(out_ptr.dtype.element_ty),
+             mask=live[:, None])
+
+
+@triton.jit
 def conv_tile(x_ptr, window_ptr, weight_ptr, bias_ptr, taps_ptr, copy_ptr, rows, cols, n, C, stride_x,
               K: tl.constexpr, HAS_BIAS: tl.constexpr, COPY: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr):
     """``gdn_tree.tree_causal_conv1d`` for a [BN, BC] tile of nodes ``rows`` x channels ``cols``, in the weight

@@ -32,6 +32,7 @@ from torch import Tensor
 
 PRECISIONS = ("ieee", "tf32")
 DECAY_COLS = 32  # the decay kernels' ancestor columns per step of their anc @ g
+PUSH_MAX_NODES = 128  # ``tree_push_kernel`` holds every row's sums in registers: [tile(n), value block] x 2
 
 
 def available(device: torch.device) -> bool:
@@ -87,6 +88,7 @@ def tree_delta_rule(
     split: bool = False,
     updates: Tensor | None = None,  # [n, H, dv] contiguous float32: where the updates are written
     out_dtype: torch.dtype = torch.float32,
+    push: bool = False,
 ) -> tuple[Tensor, Tensor]:  # out [n, H, dv], updates [n, H, dv]
     """Per-node outputs and updates of the tree delta rule (``delta_rule_tensors``'s math).
     ``updates`` names the tensor the updates go to (the hybrid fast path's commit stash); by default a
@@ -98,6 +100,9 @@ def tree_delta_rule(
     scores and of the diagonal inverses in parallel (a program per head and row block, into
     ``[H, n', n']`` scratch), then runs the block forward substitution over them: a shorter
     dependent chain per program for more memory traffic (the same math and rounding steps).
+    ``push=True`` (with ``split``, up to ``PUSH_MAX_NODES`` nodes) runs that substitution
+    right-looking, every row's sums in registers (``tree_push_kernel``): no solved block is read back
+    from memory on the dependent chain. The same sums in the same order.
 
     >>> out, u = tree_delta_rule(q, k, v, gamma, beta, s0, anc)     # doctest: +SKIP
     """
@@ -118,6 +123,8 @@ def tree_delta_rule(
     elif updates.shape != out.shape or updates.dtype != torch.float32 or not updates.is_contiguous():
         raise ValueError(f"updates must be a contiguous {tuple(out.shape)} float32 tensor, got "
                          f"{tuple(updates.shape)} {updates.dtype}")
+    if push and not (split and n <= PUSH_MAX_NODES):
+        raise ValueError(f"push runs with split=True and at most {PUSH_MAX_NODES} nodes, not split={split}, n={n}")
     kernels, log2bt = _kernels(), block.bit_length() - 1
     if not split:
         kernels.tree_delta_kernel[(h, dv // value_block)](
@@ -135,6 +142,14 @@ def tree_delta_rule(
         q, k, gamma, beta, anc, system, scores, inverse, q.stride(0), gamma.stride(0), anc.stride(0),
         N=n, NP=padded, R=h // hk, DK=dk, BT=block, LOG2BT=log2bt, PRECISION=precision,
     )
+    if push:
+        kernels.tree_push_kernel[(h, dv // value_block)](
+            q, k, v, gamma, beta, s0, system, scores, inverse, out, updates,
+            q.stride(0), v.stride(0), gamma.stride(0), out.stride(0),
+            N=n, NP=padded, NR=max(tile(n), block), R=h // hk, DK=dk, DV=dv, BV=value_block, BT=block,
+            PRECISION=precision,
+        )
+        return out, updates
     kernels.tree_solve_kernel[(h, dv // value_block)](
         q, k, v, gamma, beta, s0, system, scores, inverse, out, updates,
         q.stride(0), v.stride(0), gamma.stride(0), out.stride(0),

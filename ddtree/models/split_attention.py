@@ -253,13 +253,70 @@ def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBou
     _triton_kernels().prefix_segment_kernel[grid](
         folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
         folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(2), lse.stride(0), lse.stride(1), key, value, bounds.lengths, 1, segments, 0, 0,
         BM=block_m, BN=block_n, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages)
+        WITH_BLOCK=False, num_warps=warps, num_stages=stages)
     return out, lse
 
 
 prefix_triton.folded = True  # takes the folded queries and the buffers as they are (see split_attend)
+
+
+def prefix_block_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds, scale: float,
+                        keys: Tensor, values: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]:
+    """``prefix_triton`` with the block part in the same launch, as one more segment: the block's
+    ``keys``/``values`` ``[Hkv, n, d]`` under ``visible`` ``[n, n]``. Returns ``[S + 1, Hkv, m, d]``
+    outputs and ``[S + 1, Hkv, m]`` log-sum-exps, the last the block's, so that ``combine`` (a weighted
+    sum, no attention left) finishes the split; empty segments carry -inf."""
+    kv_heads, m, d = folded.shape
+    n = keys.shape[1]
+    if not (folded.stride(-1) == key.stride(-1) == value.stride(-1) == keys.stride(-1) == 1) \
+            or key.stride() != value.stride() or keys.stride() != values.stride() or not visible.is_contiguous():
+        raise ValueError("prefix_block_triton reads the head dim with unit stride, keys and values of one layout")
+    segments = bounds.segments
+    out = torch.empty(segments + 1, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
+    lse = torch.empty(segments + 1, kv_heads, m, dtype=torch.float32, device=folded.device)
+    block_d = padded_head_dim(d)
+    block_m, block_n, warps, stages = PREFIX_TILES[block_d]
+    grid = (math.ceil(m / block_m), kv_heads, segments + 1)
+    _triton_kernels().prefix_segment_kernel[grid](
+        folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
+        folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
+        out.stride(2), lse.stride(0), lse.stride(1), keys, values, visible, n, segments, keys.stride(0),
+        keys.stride(1),
+        BM=block_m, BN=block_n, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
+        WITH_BLOCK=True, num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+prefix_block_triton.folded = True
+prefix_block_triton.with_block = True  # split_attend hands it the block, and its merge is ``combine``
+
+
+def combine(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,
+            lengths: Tensor, scale: float) -> Tensor:
+    """The merge after ``prefix_block_triton``: the segments' outputs ``out`` ``[S + 1, Hkv, m, d]``
+    weighted by their log-sum-exps ``lse`` ``[S + 1, Hkv, m]`` (a merge's arguments; the block's are
+    already in the last segment). Float32 ``[Hkv, m, d]``, in tensor ops."""
+    top = lse.max(0).values
+    weight = (lse - top).exp()
+    return (weight[..., None] * out.float()).sum(0) / weight.sum(0)[..., None]
+
+
+def triton_combine(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, out: Tensor, lse: Tensor,
+                   lengths: Tensor, scale: float) -> Tensor:
+    """``combine`` in one Triton launch (``split_merge_kernels.combine_kernel``); the result in the
+    queries' dtype."""
+    segments, kv_heads, m, d = out.shape
+    if out.stride(-1) != 1:
+        raise ValueError("triton_combine reads the head dim with unit stride")
+    result = torch.empty(kv_heads, m, d, dtype=folded.dtype, device=folded.device)
+    block_m, block_c, group = merge_tiles(m, d)
+    grid = (math.ceil(m / block_m), kv_heads, math.ceil(d / block_c))
+    _triton_kernels().combine_kernel[grid](
+        out, lse, result, m, d, segments, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        result.stride(0), result.stride(1), BM=block_m, BC=block_c, SB=group)
+    return result
 
 
 _MERGE: list[Callable] = []
@@ -331,7 +388,10 @@ def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: 
         bounds = SegmentBounds(past, segments, m)
     elif (bounds.segments, bounds.rows) != (segments, m):
         raise ValueError(f"bounds for {bounds.segments} segments of {bounds.rows} rows, not {segments} of {m}")
-    if getattr(prefix, "folded", False):
+    block_k, block_v = key[0].index_select(1, rows), value[0].index_select(1, rows)  # [Hkv, n, d]
+    if getattr(prefix, "with_block", False):
+        out, lse = prefix(folded, key[0], value[0], bounds, scale, block_k, block_v, visible)
+    elif getattr(prefix, "folded", False):
         out, lse = prefix(folded, key[0], value[0], bounds, scale)
     else:
         packed = folded.transpose(0, 1)  # [m, Hkv, d]
@@ -339,7 +399,6 @@ def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: 
         out, lse = prefix(packed, key[0].transpose(0, 1), value[0].transpose(0, 1), bounds.cu_q, bounds.starts,
                           bounds.used, m, length, scale)
         out = out.view(segments, m, kv_heads, d).transpose(1, 2)  # [S, Hkv, m, d]
-    block_k, block_v = key[0].index_select(1, rows), value[0].index_select(1, rows)  # [Hkv, n, d]
     merged = (merge or _merge_kernel(query.device))(folded, block_k, block_v, visible, out, lse, bounds.lengths, scale)
     return merged.to(query.dtype).reshape(1, q_heads, n, d)
 

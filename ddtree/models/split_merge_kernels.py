@@ -53,6 +53,31 @@ def _online_step(scores, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _fold_segments(o_ptr, lse_ptr, len_ptr, h, rows, live, dc, cmask_d, segments, so_s, so_h, so_r, sl_s, sl_h, sl_r,
+                   m_i, l_i, acc, SB: tl.constexpr, LENGTHS: tl.constexpr):
+    """The segments' outputs (columns ``dc``) into the online softmax, SB segments a load ([SB, BM, BC]),
+    each weighted by its log-sum-exp; with LENGTHS a segment whose key count is 0 adds nothing."""
+    ss = tl.arange(0, SB)
+    for first in range(0, segments, SB):
+        seg = first + ss
+        smask = seg < segments
+        both = smask[:, None] & live[None, :]
+        lse = tl.load(lse_ptr + seg[:, None] * sl_s + h * sl_h + rows[None, :] * sl_r, mask=both, other=float("-inf"))
+        if LENGTHS:
+            length = tl.load(len_ptr + seg, mask=smask, other=0)
+            lse = tl.where(length[:, None] > 0, lse, float("-inf"))  # an empty segment adds nothing
+        out = tl.load(o_ptr + seg[:, None, None] * so_s + h * so_h + rows[None, :, None] * so_r + dc[None, None, :],
+                      mask=both[:, :, None] & cmask_d[None, None, :], other=0.0).to(tl.float32)  # [SB, BM, BC]
+        new_max = tl.maximum(m_i, tl.reduce(lse, 0, _maximum))
+        safe, alpha = _shift(m_i, new_max)
+        weight = tl.exp(lse - safe[None, :])  # [SB, BM]
+        l_i = l_i * alpha + tl.reduce(weight, 0, _add)
+        acc = acc * alpha[:, None] + tl.reduce(weight[:, :, None] * out, 0, _add)
+        m_i = new_max
+    return m_i, l_i, acc
+
+
+@triton.jit
 def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, res_ptr, scale, m, n, d, segments,
                        sq_h, sq_r, sk_h, sk_r, so_s, so_h, so_r, sl_s, sl_h, sl_r, sr_h, sr_r,
                        BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, SB: tl.constexpr,
@@ -85,22 +110,8 @@ def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, re
         seen = tl.load(vis_ptr + token[:, None] * n + cols[None, :], mask=live[:, None] & cmask[None, :], other=0)
         scores = tl.where(seen != 0, scores, float("-inf"))
         m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
-    ss = tl.arange(0, SB)
-    for first in range(0, segments, SB):
-        seg = first + ss
-        smask = seg < segments
-        length = tl.load(len_ptr + seg, mask=smask, other=0)
-        both = smask[:, None] & live[None, :]
-        lse = tl.load(lse_ptr + seg[:, None] * sl_s + h * sl_h + rows[None, :] * sl_r, mask=both, other=float("-inf"))
-        lse = tl.where(length[:, None] > 0, lse, float("-inf"))  # an empty segment adds nothing
-        out = tl.load(o_ptr + seg[:, None, None] * so_s + h * so_h + rows[None, :, None] * so_r + dc[None, None, :],
-                      mask=both[:, :, None] & cmask_d[None, None, :], other=0.0).to(tl.float32)  # [SB, BM, BC]
-        new_max = tl.maximum(m_i, tl.reduce(lse, 0, _maximum))
-        safe, alpha = _shift(m_i, new_max)
-        weight = tl.exp(lse - safe[None, :])  # [SB, BM]
-        l_i = l_i * alpha + tl.reduce(weight, 0, _add)
-        acc = acc * alpha[:, None] + tl.reduce(weight[:, :, None] * out, 0, _add)
-        m_i = new_max
+    m_i, l_i, acc = _fold_segments(o_ptr, lse_ptr, len_ptr, h, rows, live, dc, cmask_d, segments, so_s, so_h, so_r,
+                                   sl_s, sl_h, sl_r, m_i, l_i, acc, SB, True)
     result = acc / tl.where(live, l_i, 1.0)[:, None]  # every live row sees its own key: l_i > 0
     tl.store(res_ptr + h * sr_h + rows[:, None] * sr_r + dc[None, :], result.to(res_ptr.dtype.element_ty),
              mask=live[:, None] & cmask_d[None, :])
@@ -109,31 +120,70 @@ def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, re
 @triton.jit
 def prefix_segment_kernel(q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, o_ptr, lse_ptr, scale, m, d,
                           sq_h, sq_r, sk_h, sk_r, so_s, so_h, so_r, sl_s, sl_h,
-                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+                          bk_ptr, bv_ptr, vis_ptr, n, segments, sb_h, sb_r,
+                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
+                          WITH_BLOCK: tl.constexpr):
+    # WITH_BLOCK: program s == segments runs the block part instead (the block's n keys ``bk``/``bv``
+    # [Hkv, n, d], strides sb_*, each row's visibility from ``vis`` [n, n]) and writes it as segment
+    # ``segments``: what is left for the merge is a sum of weighted segments (``combine_kernel``).
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BM + tl.arange(0, BM)
     live = rows < m
     dd = tl.arange(0, BD)
     dmask = dd < d
     q = tl.load(q_ptr + h * sq_h + rows[:, None] * sq_r + dd[None, :], mask=live[:, None] & dmask[None, :], other=0.0)
-    first = tl.load(start_ptr + s).to(tl.int64)
-    count = tl.load(len_ptr + s).to(tl.int32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
     acc = tl.full([BM, BD], 0.0, tl.float32)
-    k_base = k_ptr + h * sk_h + first * sk_r
-    v_base = v_ptr + h * sk_h + first * sk_r
-    for start in range(0, count, BN):
-        offs = start + tl.arange(0, BN)
-        cmask = offs < count
-        k = tl.load(k_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(v_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
-        scores = tl.where(cmask[None, :], scores, float("-inf"))
-        m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
+    if (s == segments) & WITH_BLOCK:
+        token = rows % n  # folded row i * n + t is token t's query
+        for start in range(0, n, BN):
+            cols = start + tl.arange(0, BN)
+            cmask = cols < n
+            k = tl.load(bk_ptr + h * sb_h + cols[:, None] * sb_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
+                        other=0.0)
+            v = tl.load(bv_ptr + h * sb_h + cols[:, None] * sb_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
+                        other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            seen = tl.load(vis_ptr + token[:, None] * n + cols[None, :], mask=live[:, None] & cmask[None, :], other=0)
+            scores = tl.where(seen != 0, scores, float("-inf"))
+            m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
+    else:
+        first = tl.load(start_ptr + s).to(tl.int64)
+        count = tl.load(len_ptr + s).to(tl.int32)
+        k_base = k_ptr + h * sk_h + first * sk_r
+        v_base = v_ptr + h * sk_h + first * sk_r
+        for start in range(0, count, BN):
+            offs = start + tl.arange(0, BN)
+            cmask = offs < count
+            k = tl.load(k_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
+            v = tl.load(v_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
+            scores = tl.where(cmask[None, :], scores, float("-inf"))
+            m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
     seen = l_i > 0.0  # a segment with no keys: output 0, log-sum-exp -inf (the merge adds nothing)
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
     tl.store(o_ptr + s * so_s + h * so_h + rows[:, None] * so_r + dd[None, :], out.to(o_ptr.dtype.element_ty),
              mask=live[:, None] & dmask[None, :])
     tl.store(lse_ptr + s * sl_s + h * sl_h + rows, lse, mask=live)
+
+
+@triton.jit
+def combine_kernel(o_ptr, lse_ptr, res_ptr, m, d, segments, so_s, so_h, so_r, sl_s, sl_h, sr_h, sr_r,
+                   BM: tl.constexpr, BC: tl.constexpr, SB: tl.constexpr):
+    # Program (row block, K/V head, column chunk): the softmax-weighted sum of the ``segments``
+    # outputs (segments with no keys carry log-sum-exp -inf and add nothing), SB segments a load.
+    pid_m, h, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * BM + tl.arange(0, BM)
+    live = rows < m
+    dc = chunk * BC + tl.arange(0, BC)
+    cmask_d = dc < d
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.full([BM], 0.0, tl.float32)
+    acc = tl.full([BM, BC], 0.0, tl.float32)
+    m_i, l_i, acc = _fold_segments(o_ptr, lse_ptr, lse_ptr, h, rows, live, dc, cmask_d, segments, so_s, so_h, so_r,
+                                   sl_s, sl_h, 1, m_i, l_i, acc, SB, False)
+    result = acc / tl.where(live, l_i, 1.0)[:, None]  # the block segment holds each row's own key: l_i > 0
+    tl.store(res_ptr + h * sr_h + rows[:, None] * sr_r + dc[None, :], result.to(res_ptr.dtype.element_ty),
+             mask=live[:, None] & cmask_d[None, :])

@@ -16,9 +16,12 @@ def interpreted():
         yield
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
+FORMS = {"one-kernel": {"split": False}, "split": {"split": True}, "push": {"split": True, "push": True}}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("n, r, block, value_block", [(1, 3, 16, 32), (17, 3, 16, 16), (40, 2, 32, 32), (70, 1, 16, 32)])
-def test_kernel_matches_the_torch_tree_delta_rule(interpreted, n, r, block, value_block, split):
+def test_kernel_matches_the_torch_tree_delta_rule(interpreted, n, r, block, value_block, form):
     gen = torch.Generator().manual_seed(n)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
     if n > 5:
@@ -32,20 +35,20 @@ def test_kernel_matches_the_torch_tree_delta_rule(interpreted, n, r, block, valu
     out, keys, updates, gamma, _ = delta_rule_tensors(q, k, v, g, beta, parents, s0, anc)
     got_out, got_updates = gdn_tree_triton.tree_delta_rule(
         (l2norm(q) * dk**-0.5).float(), keys.float(), v.float(), gamma.float(), beta.float(), s0.float(), anc,
-        block=block, value_block=value_block, split=split)
+        block=block, value_block=value_block, **FORMS[form])
     torch.testing.assert_close(got_out.double(), out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_updates.double(), updates, atol=1e-5, rtol=1e-5)
     # The updates written into a given tensor (the hybrid fast path's commit stash): the same values.
     stash = torch.full((n, h, dv), float("nan"))
     _, into = gdn_tree_triton.tree_delta_rule(
         (l2norm(q) * dk**-0.5).float(), keys.float(), v.float(), gamma.float(), beta.float(), s0.float(), anc,
-        block=block, value_block=value_block, split=split, updates=stash)
+        block=block, value_block=value_block, updates=stash, **FORMS[form])
     assert into is stash
     torch.testing.assert_close(stash, got_updates, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
-def test_the_output_stored_in_the_model_dtype_is_the_float32_one_cast(interpreted, split):
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_output_stored_in_the_model_dtype_is_the_float32_one_cast(interpreted, form):
     """``out_dtype``: the kernel rounds its float32 outputs as ``.to(dtype)`` does (the layer's cast
     before its gated norm, which the kernel then saves), bitwise; the updates stay float32. Float16
     here: Triton's interpreter truncates to bfloat16 where compiled Triton rounds to nearest even, so
@@ -58,8 +61,8 @@ def test_the_output_stored_in_the_model_dtype_is_the_float32_one_cast(interprete
     v, s0 = torch.randn(n, h, dv, generator=gen), torch.randn(h, dk, dv, generator=gen)
     gamma, beta = -torch.rand(n, h, generator=gen), torch.rand(n, h, generator=gen)
     args = (q * dk**-0.5, k, v, gamma, beta, s0, ancestor_matrix(parents))
-    out32, updates32 = gdn_tree_triton.tree_delta_rule(*args, block=16, split=split)
-    out, updates = gdn_tree_triton.tree_delta_rule(*args, block=16, split=split, out_dtype=dtype)
+    out32, updates32 = gdn_tree_triton.tree_delta_rule(*args, block=16, **FORMS[form])
+    out, updates = gdn_tree_triton.tree_delta_rule(*args, block=16, out_dtype=dtype, **FORMS[form])
     assert out.dtype == dtype and updates.dtype == torch.float32
     assert torch.equal(out, out32.to(dtype)) and torch.equal(updates, updates32)
 
@@ -76,6 +79,13 @@ def test_bad_blocks_and_precision_are_refused():
         gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
                                         torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool),
                                         updates=torch.zeros(2, 1, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="push runs with split=True"):
+        gdn_tree_triton.tree_delta_rule(t, t, torch.zeros(2, 1, 32), torch.zeros(2, 1), torch.zeros(2, 1),
+                                        torch.zeros(1, 16, 32), torch.eye(2, dtype=torch.bool), push=True)
+    big = torch.zeros(129, 1, 16)
+    with pytest.raises(ValueError, match="at most 128 nodes"):
+        gdn_tree_triton.tree_delta_rule(big, big, torch.zeros(129, 1, 32), torch.zeros(129, 1), torch.zeros(129, 1),
+                                        torch.zeros(1, 16, 32), torch.eye(129, dtype=torch.bool), split=True, push=True)
     with pytest.raises(ValueError, match="copy must be a contiguous"):
         gdn_tree_triton.tree_conv(torch.zeros(2, 8), torch.zeros(8, 4), torch.zeros(8, 4), None,
                                   torch.zeros(2, 4, dtype=torch.long), copy=torch.zeros(8, 2).t())

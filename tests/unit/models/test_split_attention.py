@@ -194,12 +194,22 @@ def test_the_triton_prefix_equals_the_prefix_in_tensor_ops(interpreted, kv_heads
     assert_prefix_segments(out, lse, folded, k[0], v[0], bounds, d**-0.5, tol=1e-5)
 
 
+TRITON_SPLITS = {"prefix+merge": (sa.prefix_triton, sa.triton_merge),
+                 "block-in-prefix+combine": (sa.prefix_block_triton, sa.triton_combine),
+                 "block-in-prefix+tensor-combine": (sa.prefix_block_triton, sa.combine)}
+
+
+@pytest.mark.parametrize("variant", list(TRITON_SPLITS))
 @settings(max_examples=8, deadline=None)
-@given(n=st.integers(1, 20), past=st.integers(0, 300), kv_heads=st.sampled_from([1, 2]),
+@given(n=st.integers(1, 40), past=st.integers(0, 300), kv_heads=st.sampled_from([1, 2]),
        groups=st.sampled_from([1, 3]), segments=st.integers(1, 6), seed=st.integers(0, 2**16))
-def test_the_split_through_the_triton_prefix_and_merge_equals_dense_attention(n, past, kv_heads, groups, segments,
-                                                                               seed):
+def test_the_split_through_the_triton_prefix_and_merge_equals_dense_attention(variant, n, past, kv_heads, groups,
+                                                                               segments, seed):
+    """The Triton prefix with the Triton merge, and with the block part in the prefix launch as one more
+    segment (``prefix_block_triton``) then ``triton_combine`` or ``combine``: dense attention's result
+    on random trees, segments the cut leaves empty included."""
     pytest.importorskip("triton")
+    prefix, merge = TRITON_SPLITS[variant]
     gen = torch.Generator().manual_seed(seed)
     length = past + n + 7
     vis = random_tree_visibility(n, gen)
@@ -209,7 +219,7 @@ def test_the_split_through_the_triton_prefix_and_merge_equals_dense_attention(n,
                                               enable_gqa=True)
     with triton_interpreted("ddtree.models.split_merge_kernels", sa._triton_kernels):
         got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, segments=segments,
-                              prefix=sa.prefix_triton, merge=sa.triton_merge)
+                              prefix=prefix, merge=merge)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -323,19 +333,22 @@ def test_the_triton_merge_compiles_for_ampere_and_hopper(arch, dtype, head_dim, 
     assert compiled.metadata.shared <= 99 * 1024  # fits an sm_86 block's shared memory
 
 
+@pytest.mark.parametrize("with_block", [False, True], ids=["prefix", "with-block"])
 @pytest.mark.parametrize("arch, dtype, head_dim", [(80, "fp16", 256), (86, "bf16", 256), (86, "bf16", 128),
                                                    (90, "bf16", 256), (90, "bf16", 128), (90, "fp32", 64)])
-def test_the_triton_prefix_compiles_for_ampere_and_hopper(arch, dtype, head_dim):
+def test_the_triton_prefix_compiles_for_ampere_and_hopper(arch, dtype, head_dim, with_block):
     """``prefix_segment_kernel`` built ahead of time for sm_80/86/90 at ``PREFIX_TILES``' sizes, with
-    no GPU present: its tiles and pipeline stages fit an sm_86 block's shared memory."""
+    no GPU present, alone and with the block part (``prefix_block_triton``): its tiles and pipeline
+    stages fit an sm_86 block's shared memory."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel = sa._triton_kernels().prefix_segment_kernel
     block_m, block_n, warps, stages = sa.PREFIX_TILES[head_dim]
-    floats = {"lse_ptr": "*fp32", "len_ptr": "*i64", "start_ptr": "*i32", "scale": "fp32"}
-    constexprs = {"BM": block_m, "BN": block_n, "BD": head_dim, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+    floats = {"lse_ptr": "*fp32", "len_ptr": "*i64", "start_ptr": "*i32", "scale": "fp32", "vis_ptr": "*i1"}
+    constexprs = {"BM": block_m, "BN": block_n, "BD": head_dim, "PRECISION": "ieee" if dtype == "fp32" else "tf32",
+                  "WITH_BLOCK": with_block}
     signature = {name: "constexpr" if name in constexprs else floats.get(name, f"*{dtype}" if name.endswith("_ptr")
                  else "i32") for name in kernel.arg_names}
     try:
@@ -347,3 +360,4 @@ def test_the_triton_prefix_compiles_for_ampere_and_hopper(arch, dtype, head_dim)
             pytest.skip(f"no ptxas for an ahead-of-time build: {err}")
         raise
     assert compiled.metadata.shared <= 99 * 1024, compiled.metadata.shared
+
