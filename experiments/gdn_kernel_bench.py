@@ -60,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(push, up to 128 nodes)")
     p.add_argument("--reps", type=int, default=20, help="calls per captured graph")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rule-only", action="store_true", help="time the delta rule's forms alone (no compiles)")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -91,6 +92,9 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     triton_args = (x, a, logits, *mix_args[3:])
     prologue_args = (x, a, beta, a_log, dt_bias, window, weight, None, taps, anc, hk * d, hk * d, d)
     row: dict = {"n": n}
+    if args.rule_only:  # the rule's inputs from the eager prologue; no mix, prologue or conv timed
+        q, key, v, gamma, b = tree_mix_inputs(*prologue_args)
+        return rule_rows(args, row, q, key, v, gamma, b, s0, anc, d)
     torch_mix, prologue = fused.compiled(tree_mix), fused.compiled(tree_mix_inputs)
     row["mix/torch"] = graphed_us(lambda: torch_mix(*mix_args), args.reps)
     row["mix/triton"] = graphed_us(lambda: tree_mix_triton(*triton_args), args.reps)
@@ -125,6 +129,11 @@ def bench_size(args, n: int, gen: torch.Generator) -> dict:
     row["conv/triton"] = {"us": graphed_us(lambda: tree_conv(x, window, weight, None, taps), args.reps),
                           "max_diff": float((tree_conv(x, window, weight, None, taps).float()
                                              - conv(x, None, window, weight, None, taps).float()).abs().max())}
+    return rule_rows(args, row, q, key, v, gamma, b, s0, anc, d)
+
+
+def rule_rows(args, row: dict, q, key, v, gamma, b, s0, anc, d: int) -> dict:
+    """``row`` with the ``rule/...`` timings of every block, value block, precision and form."""
     # The float64 reference on the same inputs: g back from gamma (anc is unit lower triangular).
     g = torch.linalg.solve_triangular(anc.double(), gamma.double(), upper=False, unitriangular=True)
     ref = delta_rule_tensors(q.double() * d**0.5, key.double(), v.double(), g, b.double(), None, s0.double(), anc)[0]

@@ -33,6 +33,7 @@ from torch import Tensor
 PRECISIONS = ("ieee", "tf32")
 DECAY_COLS = 32  # the decay kernels' ancestor columns per step of their anc @ g
 PUSH_MAX_NODES = 128  # ``tree_push_kernel`` holds every row's sums in registers: [tile(n), value block] x 2
+PUSH = False  # whether ``rule_options`` picks the push form where it applies
 
 
 def available(device: torch.device) -> bool:
@@ -68,10 +69,14 @@ def rule_options(n: int, precision: str) -> dict:
     257, against 6.6 / 10.0, 26.9 / 31.2 and 163.9 / 112.0 with 32 in the same H100 run: within noise of the
     blocks picked here, so the default of 32 stays (``docs/results/gdn_kernels_fused_prologue_h100.json``).
 
+    With ``PUSH`` set, trees of up to ``PUSH_MAX_NODES`` nodes run the split form's substitution
+    right-looking (``tree_push_kernel``).
+
     >>> rule_options(257, "tf32")
-    {'block': 32, 'split': True}
+    {'block': 32, 'split': True, 'push': False}
     """
-    return {"block": 32 if n > 128 else 16, "split": n > 1 or precision == "ieee"}
+    split = n > 1 or precision == "ieee"
+    return {"block": 32 if n > 128 else 16, "split": split, "push": PUSH and split and n <= PUSH_MAX_NODES}
 
 
 def tree_delta_rule(

@@ -61,6 +61,9 @@ TRITON_FIRST_QUERIES = 2
 # Whether ``serves`` tries the Triton prefix kernel (``prefix_triton``, with the Triton merge) first:
 # None (default) by ``triton_prefix_first``'s measured rule, True for every shape, False for none.
 TRITON_PREFIX: bool | None = None
+# Whether the Triton prefix runs the block part in its own launch (``prefix_block_triton``, then
+# ``triton_combine``) where ``serves`` tries the Triton prefix; off: a separate block-and-merge launch.
+FUSED_BLOCK = False
 
 
 def triton_prefix_first(n: int, head_dim: int) -> bool:
@@ -228,7 +231,7 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
 # H100 (experiments/prefix_tiles_bench.py, docs/results/triton_prefix_sweep_132k_h100.json): at 256 the
 # fastest tiles timed at 65 and 257 queries and within 6% of the best at 1 and 16 (8 warps took 1.5-2x
 # as long); at 128 the fastest at 16 queries, within 7% of the best at 1 and within 3% at 65 and 257.
-PREFIX_TILES: dict[int, tuple[int, int, int, int]] = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
+PREFIX_TILES: dict[int, tuple[int, ...]] = {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 3),
                                                       128: (64, 64, 4, 3), 256: (64, 32, 4, 2)}
 
 
@@ -247,16 +250,32 @@ def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBou
     segments = bounds.segments
     out = torch.empty(segments, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
     lse = torch.empty(segments, kv_heads, m, dtype=torch.float32, device=folded.device)
+    _launch_prefix(folded, key, value, bounds, scale, out, lse, key, value, bounds.lengths, 0)
+    return out, lse
+
+
+def prefix_tiles(block_d: int) -> tuple[int, int, int, int, int]:
+    """``PREFIX_TILES[block_d]`` as (BM, BN, warps, stages, BC): BC output columns a program (the whole
+    head dim where the entry names no fifth)."""
+    block_m, block_n, warps, stages, *columns = PREFIX_TILES[block_d]
+    return block_m, block_n, warps, stages, (columns[0] if columns else block_d)
+
+
+def _launch_prefix(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds, scale: float, out: Tensor,
+                   lse: Tensor, keys: Tensor, values: Tensor, visible: Tensor, n: int) -> None:
+    """``prefix_segment_kernel`` over ``bounds``' segments, and with n > 0 the block (``keys``,
+    ``values``, ``visible``) as segment ``bounds.segments`` of ``out``/``lse``."""
+    kv_heads, m, d = folded.shape
     block_d = padded_head_dim(d)
-    block_m, block_n, warps, stages = PREFIX_TILES[block_d]
-    grid = (math.ceil(m / block_m), kv_heads, segments)
+    block_m, block_n, warps, stages, block_c = prefix_tiles(block_d)
+    grid = (math.ceil(m / block_m) * (block_d // block_c), kv_heads, bounds.segments + (n > 0))
     _triton_kernels().prefix_segment_kernel[grid](
         folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
         folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), lse.stride(0), lse.stride(1), key, value, bounds.lengths, 1, segments, 0, 0,
-        BM=block_m, BN=block_n, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
-        WITH_BLOCK=False, num_warps=warps, num_stages=stages)
-    return out, lse
+        out.stride(2), lse.stride(0), lse.stride(1), keys, values, visible, max(n, 1), bounds.segments,
+        keys.stride(0), keys.stride(1),
+        BM=block_m, BN=block_n, BD=block_d, BC=block_c, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
+        WITH_BLOCK=n > 0, num_warps=warps, num_stages=stages)
 
 
 prefix_triton.folded = True  # takes the folded queries and the buffers as they are (see split_attend)
@@ -273,19 +292,9 @@ def prefix_block_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: Segm
     if not (folded.stride(-1) == key.stride(-1) == value.stride(-1) == keys.stride(-1) == 1) \
             or key.stride() != value.stride() or keys.stride() != values.stride() or not visible.is_contiguous():
         raise ValueError("prefix_block_triton reads the head dim with unit stride, keys and values of one layout")
-    segments = bounds.segments
-    out = torch.empty(segments + 1, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
-    lse = torch.empty(segments + 1, kv_heads, m, dtype=torch.float32, device=folded.device)
-    block_d = padded_head_dim(d)
-    block_m, block_n, warps, stages = PREFIX_TILES[block_d]
-    grid = (math.ceil(m / block_m), kv_heads, segments + 1)
-    _triton_kernels().prefix_segment_kernel[grid](
-        folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
-        folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), lse.stride(0), lse.stride(1), keys, values, visible, n, segments, keys.stride(0),
-        keys.stride(1),
-        BM=block_m, BN=block_n, BD=block_d, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
-        WITH_BLOCK=True, num_warps=warps, num_stages=stages)
+    out = torch.empty(bounds.segments + 1, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
+    lse = torch.empty(bounds.segments + 1, kv_heads, m, dtype=torch.float32, device=folded.device)
+    _launch_prefix(folded, key, value, bounds, scale, out, lse, keys, values, visible, n)
     return out, lse
 
 
@@ -446,7 +455,8 @@ def _candidates(n: int, device: torch.device, head_dim: int) -> list[tuple[str, 
     merges = [("compiled merge", prefix_flash, None)] + [("Triton merge", prefix_flash, triton_merge)] * triton
     if n >= TRITON_FIRST_QUERIES:
         merges.reverse()
-    first = [("Triton prefix", prefix_triton, triton_merge)] * (triton and triton_prefix_first(n, head_dim))
+    first = [("Triton prefix with the block", prefix_block_triton, triton_combine)] * FUSED_BLOCK
+    first = (first + [("Triton prefix", prefix_triton, triton_merge)]) * (triton and triton_prefix_first(n, head_dim))
     return first + merges + [("plain merge", prefix_flash, block_and_merge)]
 
 

@@ -121,52 +121,51 @@ def block_merge_kernel(q_ptr, k_ptr, v_ptr, vis_ptr, o_ptr, lse_ptr, len_ptr, re
 def prefix_segment_kernel(q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, o_ptr, lse_ptr, scale, m, d,
                           sq_h, sq_r, sk_h, sk_r, so_s, so_h, so_r, sl_s, sl_h,
                           bk_ptr, bv_ptr, vis_ptr, n, segments, sb_h, sb_r,
-                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
-                          WITH_BLOCK: tl.constexpr):
+                          BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr,
+                          PRECISION: tl.constexpr, WITH_BLOCK: tl.constexpr):
+    # Program (row block x column chunk, K/V head, segment). BC < BD: the program writes BC of the
+    # output's columns (its scores still over the whole head dim), fewer registers for more programs.
     # WITH_BLOCK: program s == segments runs the block part instead (the block's n keys ``bk``/``bv``
     # [Hkv, n, d], strides sb_*, each row's visibility from ``vis`` [n, n]) and writes it as segment
     # ``segments``: what is left for the merge is a sum of weighted segments (``combine_kernel``).
-    pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunks: tl.constexpr = BD // BC
+    pid, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_m, chunk = pid // chunks, pid % chunks
     rows = pid_m * BM + tl.arange(0, BM)
     live = rows < m
     dd = tl.arange(0, BD)
     dmask = dd < d
+    dc = chunk * BC + tl.arange(0, BC)
+    cmask_d = dc < d
     q = tl.load(q_ptr + h * sq_h + rows[:, None] * sq_r + dd[None, :], mask=live[:, None] & dmask[None, :], other=0.0)
+    block = (s == segments) & WITH_BLOCK
+    first = tl.load(start_ptr + s, mask=s < segments, other=0).to(tl.int64)
+    count = tl.where(block, n, tl.load(len_ptr + s, mask=s < segments, other=0).to(tl.int32))
+    k_base = tl.where(block, bk_ptr + h * sb_h, k_ptr + h * sk_h + first * sk_r)
+    v_base = tl.where(block, bv_ptr + h * sb_h, v_ptr + h * sk_h + first * sk_r)
+    stride = tl.where(block, sb_r, sk_r)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
-    acc = tl.full([BM, BD], 0.0, tl.float32)
-    if (s == segments) & WITH_BLOCK:
-        token = rows % n  # folded row i * n + t is token t's query
-        for start in range(0, n, BN):
-            cols = start + tl.arange(0, BN)
-            cmask = cols < n
-            k = tl.load(bk_ptr + h * sb_h + cols[:, None] * sb_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
-                        other=0.0)
-            v = tl.load(bv_ptr + h * sb_h + cols[:, None] * sb_r + dd[None, :], mask=cmask[:, None] & dmask[None, :],
-                        other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            seen = tl.load(vis_ptr + token[:, None] * n + cols[None, :], mask=live[:, None] & cmask[None, :], other=0)
-            scores = tl.where(seen != 0, scores, float("-inf"))
-            m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
-    else:
-        first = tl.load(start_ptr + s).to(tl.int64)
-        count = tl.load(len_ptr + s).to(tl.int32)
-        k_base = k_ptr + h * sk_h + first * sk_r
-        v_base = v_ptr + h * sk_h + first * sk_r
-        for start in range(0, count, BN):
-            offs = start + tl.arange(0, BN)
-            cmask = offs < count
-            k = tl.load(k_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
-            v = tl.load(v_base + offs[:, None] * sk_r + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
-            scores = tl.where(cmask[None, :], scores, float("-inf"))
-            m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
+    acc = tl.full([BM, BC], 0.0, tl.float32)
+    for start in range(0, count, BN):
+        offs = start + tl.arange(0, BN)
+        cmask = offs < count
+        k = tl.load(k_base + offs[:, None] * stride + dd[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(v_base + offs[:, None] * stride + dc[None, :], mask=cmask[:, None] & cmask_d[None, :], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BM, BN] float32
+        keep = cmask[None, :]
+        if WITH_BLOCK:  # the block's keys: each row sees its token's ancestors and itself (token = row % n)
+            seen = tl.load(vis_ptr + (rows % n)[:, None] * n + offs[None, :],
+                           mask=live[:, None] & cmask[None, :] & (rows[:, None] * 0 + s == segments), other=1)
+            keep = keep & (seen != 0)
+        scores = tl.where(keep, scores, float("-inf"))
+        m_i, l_i, acc = _online_step(scores, v, m_i, l_i, acc, PRECISION)
     seen = l_i > 0.0  # a segment with no keys: output 0, log-sum-exp -inf (the merge adds nothing)
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(o_ptr + s * so_s + h * so_h + rows[:, None] * so_r + dd[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=live[:, None] & dmask[None, :])
-    tl.store(lse_ptr + s * sl_s + h * sl_h + rows, lse, mask=live)
+    tl.store(o_ptr + s * so_s + h * so_h + rows[:, None] * so_r + dc[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=live[:, None] & cmask_d[None, :])
+    tl.store(lse_ptr + s * sl_s + h * sl_h + rows, lse, mask=live & (rows * 0 + chunk == 0))  # once per row
 
 
 @triton.jit

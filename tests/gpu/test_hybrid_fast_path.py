@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ddtree.models.gdn_tree import ancestor_matrix, conv_taps, l2norm, solve_tree_delta_rule, tree_causal_conv1d
 from ddtree.models import gdn_tree_triton
-from ddtree.models.gdn_tree_triton import rule_options, tree_conv, tree_delta_rule
+from ddtree.models.gdn_tree_triton import PUSH_MAX_NODES, rule_options, tree_conv, tree_delta_rule
 from ddtree.models.hybrid_static import StaticHybridTarget
 from ddtree.testing import check_budget_sequence, fp32_cuda_pair, per_node_delta_rule
 
@@ -104,9 +104,10 @@ def test_gdn_tree_math_on_the_gpu_is_within_tolerance_of_the_fp64_recurrence(n, 
     gamma = anc.double() @ g.cuda()
     # The blocks the library runs (``rule_options``). With 64-row blocks too (unused) the four sizes had
     # not finished within 200 s on an H200 (-n 8); which form was slow was not measured.
-    for block, split in itertools.product((16, 32), (False, True)):
+    forms = [{"split": False}, {"split": True}] + [{"split": True, "push": True}] * (n <= PUSH_MAX_NODES)
+    for block, form in itertools.product((16, 32), forms):
         out, updates = tree_delta_rule(qn, kn, cuda[2], gamma.float(), cuda[4], s0.float().cuda(), anc, block=block,
-                                       split=split)
+                                       **form)
         torch.testing.assert_close(out.double().cpu(), want, atol=2e-4, rtol=2e-4)
         torch.testing.assert_close(updates, result.updates, atol=2e-4, rtol=2e-4)
     # tf32 dots, as bf16 models run them, in the form ``rule_options`` picks for n: stated tolerance

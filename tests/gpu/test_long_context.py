@@ -56,16 +56,27 @@ def test_compiled_kernel_equals_dense_sdpa_on_random_trees(n, heads, dtype, tol)
         torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("prefix", ["flash", "triton"])
+PREFIXES = {"flash": "prefix_flash", "triton": "prefix_triton", "triton-with-block": "prefix_block_triton",
+            "triton-128-columns": "prefix_triton"}
+
+
+@pytest.mark.parametrize("prefix", list(PREFIXES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 65, 257])
 @pytest.mark.parametrize("heads", [(32, 8, 128), (24, 4, 256), (4, 2, 16)])
 def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads, dtype, prefix, monkeypatch):
-    """The split of a layout with ``split`` on, its prefix through the flash kernel or ``prefix_triton``,
-    captured once in a CUDA graph and replayed at other prefix lengths (P and the visibility rewritten
-    in place), against float32 dense SDPA of the same inputs; tolerance 2e-2, FlexAttention's in bf16
-    (the test above)."""
-    monkeypatch.setattr(split_attention, "TRITON_PREFIX", prefix == "triton")
+    """The split of a layout with ``split`` on, its prefix through the flash kernel, ``prefix_triton``
+    (and with programs of half the head dim's output columns) or ``prefix_block_triton`` (the block in
+    the prefix launch), captured once in a CUDA graph and replayed at other prefix lengths (P and the
+    visibility rewritten in place), against float32 dense SDPA of the same inputs; tolerance 2e-2,
+    FlexAttention's in bf16 (the test above)."""
+    monkeypatch.setattr(split_attention, "TRITON_PREFIX", prefix != "flash")
+    monkeypatch.setattr(split_attention, "FUSED_BLOCK", prefix == "triton-with-block")
+    if prefix == "triton-128-columns":
+        tiles = dict(split_attention.PREFIX_TILES)
+        for block_d, tile in tiles.items():
+            tiles[block_d] = (*tile[:4], max(16, block_d // 2))
+        monkeypatch.setattr(split_attention, "PREFIX_TILES", tiles)
     monkeypatch.setattr(split_attention, "_SERVES", {})
     torch.backends.cuda.matmul.allow_tf32 = False
     q_heads, kv_heads, dim = heads
@@ -82,7 +93,7 @@ def test_split_attention_equals_dense_sdpa_on_random_trees_in_one_graph(n, heads
         segments = split_attention.segments_for(n, q_heads // kv_heads, kv_heads, length, sms)
         chosen = split_attention.serves(q, k, segments)
         assert chosen is not None
-        assert chosen[0] is (split_attention.prefix_triton if prefix == "triton" else split_attention.prefix_flash)
+        assert chosen[0] is getattr(split_attention, PREFIXES[prefix])
     q.normal_()
     attend(q, k, v, layout.block_mask)  # compiles outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -345,10 +345,10 @@ def test_the_triton_prefix_compiles_for_ampere_and_hopper(arch, dtype, head_dim,
     from triton.compiler import ASTSource
 
     kernel = sa._triton_kernels().prefix_segment_kernel
-    block_m, block_n, warps, stages = sa.PREFIX_TILES[head_dim]
+    block_m, block_n, warps, stages, block_c = sa.prefix_tiles(head_dim)
     floats = {"lse_ptr": "*fp32", "len_ptr": "*i64", "start_ptr": "*i32", "scale": "fp32", "vis_ptr": "*i1"}
-    constexprs = {"BM": block_m, "BN": block_n, "BD": head_dim, "PRECISION": "ieee" if dtype == "fp32" else "tf32",
-                  "WITH_BLOCK": with_block}
+    constexprs = {"BM": block_m, "BN": block_n, "BD": head_dim, "BC": block_c,
+                  "PRECISION": "ieee" if dtype == "fp32" else "tf32", "WITH_BLOCK": with_block}
     signature = {name: "constexpr" if name in constexprs else floats.get(name, f"*{dtype}" if name.endswith("_ptr")
                  else "i32") for name in kernel.arg_names}
     try:
