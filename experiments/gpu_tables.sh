@@ -16,6 +16,10 @@
 # path and this checkout's configs (the Hydra apps look for configs/ beside the package otherwise):
 #   PYTHONPATH=$PWD/.base:$PYTHONPATH DDTREE_CONFIGS=$PWD/configs OUT=results/base bash experiments/gpu_tables.sh 8b-long
 #
+# Kernel forms against the library's, in one call (speed.yaml's keys in FORMS; the other steps ignore it):
+#   OUT=results/off bash experiments/gpu_tables.sh 27b-8192-forms
+#   OUT=results/on FORMS="gdn_push=true split_block=true prefix_tile_256=[128,32,8,2,128]" bash experiments/gpu_tables.sh 27b-8192-forms
+#
 # Steps:
 #   suite-fast suite-hybrid suite-long suite-mtp   tests/gpu/test_{fast_path_exact,hybrid_fast_path,long_context,mtp_graph}.py
 #   suite-tree           tests/gpu/test_tree_topk.py (the tree stage's graphed top-k)
@@ -24,6 +28,9 @@
 #   profile-27b          round_profile.py at 8192: verifies of 1/65/257 nodes, both drafters, whole rounds by stage
 #   profile-8b           the same for Qwen3-8B at 32768
 #   gdn-bench            gdn_kernel_bench.py at the 27B's GDN sizes (1/65/257 nodes)
+#   gdn-push             gdn_kernel_bench.py --rule-only: the split rule against its right-looking form (push)
+#   prefix-forms         prefix_tiles_bench.py, 27B heads at 8192: more tiles (--more) and the block in the prefix launch (--fused)
+#   27b-8192-forms       27b-8192's AR and DDTree-64 with the kernel forms in $FORMS (above; unset: the library's)
 set -uo pipefail
 set -f  # the commands' overrides ('budgets=[64,256]') are words, never file patterns
 cd "$(dirname "$0")/.."
@@ -52,6 +59,13 @@ command_for() {
                       "--drafters dflash mtp --loop 0 64 256 --out $OUT/$1.json" ;;
     profile-8b) echo "$PY experiments/round_profile.py --geometry qwen3-8b --prompt 32768 --sizes 1 65 257" \
                      "--reps 10 --drafters dflash --loop 0 64 256 --out $OUT/$1.json" ;;
+    gdn-push) echo "$PY experiments/gdn_kernel_bench.py --rule-only --sizes 65 16 257 --blocks 16 32 --value-blocks 32" \
+                   "--precisions tf32 --forms split push --out $OUT/$1.json" ;;
+    prefix-forms) echo "$PY experiments/prefix_tiles_bench.py --heads 27b --pasts 8192 --sizes 65 16 257 1 --more" \
+                       "--fused --seconds 85 --out $OUT/$1.json" ;;
+    27b-8192-forms)
+      echo "$speed geometry=qwen3.6-27b rounds=10 prompt_lengths=[8192] budgets=[64] strategies=[ar,ddtree]" \
+           "max_length=9216 prefill_reps=1 ${FORMS:-}" ;;
     gdn-bench) echo "$PY experiments/gdn_kernel_bench.py --sizes 1 65 257 --blocks 16 32 --value-blocks 32" \
                     "--precisions tf32 --forms split --out $OUT/$1.json" ;;
     *) return 1 ;;

@@ -53,7 +53,7 @@ from ddtree.metrics.hardware import read_bandwidth
 from ddtree.presets import engine_from_config
 from ddtree.testing import first_divergence, logit_gap
 from ddtree.masks import DenseMaskCompiler
-from ddtree.models import HFTarget, HybridTarget, split_attention
+from ddtree.models import HFTarget, HybridTarget, gdn_tree_triton, split_attention
 from ddtree.models.dispatch import is_hybrid
 from ddtree.models.geometry import HYBRID, random_dflash_for, random_hybrid, random_qwen3
 from ddtree.models.hybrid_static import StaticHybridTarget
@@ -306,6 +306,22 @@ def _table(rows: list[dict], tau: dict, ar: dict) -> str:
     return "\n".join(lines)
 
 
+def _kernel_forms(cfg: DictConfig) -> None:
+    """The kernel forms speed.yaml's ``split_block``, ``prefix_tile_256`` and ``gdn_push`` name (null keeps
+    the library's): set on the modules for this process, checked first."""
+    if cfg.get("prefix_tile_256") is not None:
+        tile = tuple(int(x) for x in cfg.prefix_tile_256)
+        if len(tile) not in (4, 5) or (len(tile) == 5 and (256 % tile[4] or tile[4] < 16)):
+            raise SystemExit(f"prefix_tile_256={list(tile)}: give [BM, BN, warps, stages] or [BM, BN, warps, stages, "
+                             "BC] with BC a power of two from 16 to 256")
+        split_attention.PREFIX_TILES[256] = tile
+    for key, module, name in (("split_block", split_attention, "FUSED_BLOCK"), ("gdn_push", gdn_tree_triton, "PUSH")):
+        if cfg.get(key) is not None:
+            if not isinstance(cfg[key], bool):
+                raise SystemExit(f"{key}={cfg[key]!r}: choose true, false, or null (the library's choice)")
+            setattr(module, name, cfg[key])
+
+
 @hydra.main(config_path="../configs", config_name="speed", version_base=None)
 @reported
 def main(cfg: DictConfig) -> None:
@@ -321,6 +337,7 @@ def main(cfg: DictConfig) -> None:
         if cfg.split_prefix not in ("flash", "triton"):
             raise SystemExit(f"split_prefix={cfg.split_prefix!r}: choose flash, triton, or null (the library's choice)")
         split_attention.TRITON_PREFIX = cfg.split_prefix == "triton"
+    _kernel_forms(cfg)
     model, dflash_model, name = _models(cfg)
     print(f"built {name} + drafter in {time.perf_counter() - start:.1f}s; caches of {cfg.max_length} rows", flush=True)
     fuse_projections = cfg.get("fuse_projections")  # None: on with CUDA graphs

@@ -177,7 +177,7 @@ def tree_push_kernel(
     q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0_ptr, sys_ptr, scores_ptr, inv_ptr, out_ptr, u_ptr,
     stride_qn, stride_vn, stride_gn, stride_on,
     N: tl.constexpr, NP: tl.constexpr, NR: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, BT: tl.constexpr, PRECISION: tl.constexpr,
+    BV: tl.constexpr, BT: tl.constexpr, KC: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Split form, part 2 for a tree of at most NR rows (a power of two): every row's acc_u and acc_o
     stay in registers. Once block c's U_c is solved, the system's and the scores' column block c
@@ -192,11 +192,23 @@ def tree_push_kernel(
     dk = tl.arange(0, DK)
     dv = vs + tl.arange(0, BV)
     t = tl.arange(0, BT)
-    s0 = tl.load(s0_ptr + h * DK * DV + dk[:, None] * DV + dv[None, :])  # [DK, BV]
-    _, _, _, _, acc_u, acc_o = block_start(q_ptr, k_ptr, v_ptr, gamma_ptr, beta_ptr, s0, r, live, h, hk, dk, dv,
-                                           stride_qn, stride_vn, stride_gn, DK, DV, PRECISION)  # [NR, BV] each
-    block_of = r // BT
+    # What every row starts from (``block_start``'s acc_u and acc_o), its K S0 and Q S0 summed over the
+    # key dim in chunks of KC: [NR, DK] operands at once would stage more shared memory than an sm_86 block has.
+    ks0 = tl.full([NR, BV], 0.0, tl.float32)
+    qs0 = tl.full([NR, BV], 0.0, tl.float32)
+    for c0 in tl.static_range(0, DK, KC):
+        kk = c0 + tl.arange(0, KC)
+        s0c = tl.load(s0_ptr + h * DK * DV + kk[:, None] * DV + dv[None, :])  # [KC, BV]
+        kc = tl.load(k_ptr + r[:, None] * stride_qn + hk * DK + kk[None, :], mask=live[:, None], other=0.0)
+        qc = tl.load(q_ptr + r[:, None] * stride_qn + hk * DK + kk[None, :], mask=live[:, None], other=0.0)
+        ks0 = tl.dot(kc, s0c, ks0, input_precision=PRECISION)
+        qs0 = tl.dot(qc, s0c, qs0, input_precision=PRECISION)
+    vr = tl.load(v_ptr + r[:, None] * stride_vn + h * DV + dv[None, :], mask=live[:, None], other=0.0)
+    eg = tl.exp(tl.load(gamma_ptr + r * stride_gn + h, mask=live, other=0.0))
+    acc_u = tl.load(beta_ptr + r * stride_gn + h, mask=live, other=0.0)[:, None] * (vr - eg[:, None] * ks0)
+    acc_o = eg[:, None] * qs0
     nb = tl.arange(0, NR // BT)
+    block_of = r // BT
     base = h * NP * NP + r[:, None] * NP
     for c in tl.static_range((N + BT - 1) // BT):
         cols = c * BT + t

@@ -152,7 +152,7 @@ def tree_delta_rule(
             q, k, v, gamma, beta, s0, system, scores, inverse, out, updates,
             q.stride(0), v.stride(0), gamma.stride(0), out.stride(0),
             N=n, NP=padded, NR=max(tile(n), block), R=h // hk, DK=dk, DV=dv, BV=value_block, BT=block,
-            PRECISION=precision,
+            KC=min(dk, 32), PRECISION=precision, num_warps=8 if n > 64 else 4,
         )
         return out, updates
     kernels.tree_solve_kernel[(h, dv // value_block)](

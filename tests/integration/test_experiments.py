@@ -427,3 +427,29 @@ def test_the_loop_profile_counts_only_the_first_rounds_and_no_device_side_ranges
     assert tree["kernels"] == 1 and tree["kernel_ms"] == pytest.approx(0.006)  # the annotation is no kernel
     assert [t["name"] for t in tree["top"]] == ["cudaStreamSynchronize", "aten::topk"]
     assert summary["commit"]["host_ops_ms"] == 0.0 and summary["commit"]["span_ms"] == pytest.approx(0.010)
+
+
+def test_speed_sets_the_kernel_forms_it_is_given_and_refuses_bad_ones(monkeypatch):
+    """speed.yaml's ``split_block``, ``prefix_tile_256`` and ``gdn_push``: set on the modules for the run
+    (null keeps the library's), a malformed value refused with what to give instead."""
+    from omegaconf import OmegaConf
+
+    from ddtree.models import gdn_tree_triton, split_attention
+
+    spec = importlib.util.spec_from_file_location("speed", Path(__file__).resolve().parents[2] / "experiments" / "speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    monkeypatch.setattr(split_attention, "PREFIX_TILES", dict(split_attention.PREFIX_TILES))
+    monkeypatch.setattr(split_attention, "FUSED_BLOCK", split_attention.FUSED_BLOCK)
+    monkeypatch.setattr(gdn_tree_triton, "PUSH", gdn_tree_triton.PUSH)
+    kept = dict(split_attention.PREFIX_TILES)
+    speed._kernel_forms(OmegaConf.create({"split_block": None, "prefix_tile_256": None, "gdn_push": None}))
+    assert split_attention.PREFIX_TILES == kept and not split_attention.FUSED_BLOCK and not gdn_tree_triton.PUSH
+    speed._kernel_forms(OmegaConf.create({"split_block": True, "prefix_tile_256": [128, 32, 8, 2, 128],
+                                         "gdn_push": True}))
+    assert split_attention.PREFIX_TILES[256] == (128, 32, 8, 2, 128)
+    assert split_attention.FUSED_BLOCK and gdn_tree_triton.PUSH
+    with pytest.raises(SystemExit, match="BC a power of two"):
+        speed._kernel_forms(OmegaConf.create({"prefix_tile_256": [128, 32, 8, 2, 96]}))
+    with pytest.raises(SystemExit, match="gdn_push='yes'"):
+        speed._kernel_forms(OmegaConf.create({"gdn_push": "yes"}))

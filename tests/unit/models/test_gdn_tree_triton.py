@@ -342,3 +342,27 @@ def test_commit_state_refuses_what_it_cannot_write():
         gdn_tree_triton.commit_state(state, *stash[:2], torch.zeros(1, 3, 2, 16, dtype=torch.float64), torch.tensor([0]))
     with pytest.raises(ValueError, match="keys must be a float32"):
         gdn_tree_triton.commit_state(state, stash[0], torch.zeros(1, 3, 1, 32), stash[2], torch.tensor([0]))
+
+
+@pytest.mark.parametrize("arch", [86, 90])
+@pytest.mark.parametrize("n", [4, 17, 65, 128])
+def test_the_push_kernel_compiles_for_ampere_and_hopper(arch, n):
+    """``tree_push_kernel`` built ahead of time at Qwen3.6-27B's head size (128 x 128, value blocks of 32,
+    16-row blocks) with the launcher's warps, no GPU present: it fits an sm_86 block's shared memory."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = gdn_tree_triton._kernels().tree_push_kernel
+    constexprs = {"N": n, "NP": 16 * -(-n // 16), "NR": max(gdn_tree_triton.tile(n), 16), "R": 3, "DK": 128,
+                  "DV": 128, "BV": 32, "BT": 16, "KC": 32, "PRECISION": "tf32"}
+    signature = {name: "constexpr" if name in constexprs else "*i8" if name == "anc_ptr"
+                 else "*fp32" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32), options={"num_warps": 8 if n > 64 else 4})
+    except (FileNotFoundError, RuntimeError) as err:
+        if "ptxas" in str(err):
+            pytest.skip(f"no ptxas for an ahead-of-time build: {err}")
+        raise
+    assert compiled.metadata.shared <= 99 * 1024, compiled.metadata.shared
