@@ -288,6 +288,32 @@ def test_with_triton_prefix_on_serves_tries_the_triton_prefix_first_then_the_fla
     assert tried == [(2, sa.prefix_triton, sa.triton_merge), (3, sa.prefix_triton, sa.triton_merge),
                      (3, sa.prefix_flash, sa.triton_merge)]
     assert "Triton prefix: differs from the reference by 2" in caplog.text
+
+
+def test_with_fused_block_on_serves_tries_the_block_in_the_prefix_launch_first(monkeypatch, caplog):
+    """``FUSED_BLOCK``: where the Triton prefix is tried, ``prefix_block_triton`` with ``triton_combine``
+    comes before it; a shape it gets wrong falls back to the Triton prefix, logged."""
+    tried = []
+
+    def disagreement(n, *args, merge=None, prefix=None, **kwargs):
+        tried.append((n, prefix, merge))
+        return 3.0 if n == 3 and prefix is sa.prefix_block_triton else 0.0
+
+    monkeypatch.setattr(sa, "_disagreement", disagreement)
+    monkeypatch.setattr(sa, "_SERVES", {})
+    monkeypatch.setattr(sa, "TRITON_PREFIX", None)
+    monkeypatch.setattr(sa, "FUSED_BLOCK", True)
+    monkeypatch.setattr(sa, "triton_available", lambda device: True)
+    k = torch.zeros(1, 2, 100, 256)
+    with caplog.at_level("WARNING", logger=sa.__name__):
+        assert sa.serves(torch.zeros(1, 4, 2, 256), k, 3) == (sa.prefix_block_triton, sa.triton_combine)
+        assert not caplog.text
+        assert sa.serves(torch.zeros(1, 4, 3, 256), k, 3) == (sa.prefix_triton, sa.triton_merge)
+        # One query of head dim 256: no Triton prefix first (``triton_prefix_first``), so no fused form either.
+        assert sa.serves(torch.zeros(1, 4, 1, 256), k, 3)[0] is sa.prefix_flash
+    assert tried[:3] == [(2, sa.prefix_block_triton, sa.triton_combine), (3, sa.prefix_block_triton, sa.triton_combine),
+                         (3, sa.prefix_triton, sa.triton_merge)]
+    assert "Triton prefix with the block: differs from the reference by 3" in caplog.text
     monkeypatch.setattr(sa, "triton_available", lambda device: False)  # no Triton: the flash prefix only
     assert [prefix for _, prefix, _ in sa._candidates(2, k.device, 16)] == [sa.prefix_flash] * 2
 
