@@ -17,7 +17,9 @@ query still spreads over the GPU (flash-decoding's split over keys, with stock k
 The block part and the merge run as one function with three implementations, the same math:
 ``torch.compile``d (``_merge_kernel``), one Triton launch (``triton_merge``), and eager tensor ops
 (``block_and_merge``). ``serves`` picks the first that agrees with the reference at each shape: the
-compiled one was wrong at some shapes on an H100 (torch 2.11).
+compiled one was wrong at some shapes on an H100 (torch 2.11). With ``FUSED_BLOCK`` the Triton prefix
+runs the block part too, as one more segment (``prefix_block_triton``), and the merge is a weighted
+sum of segments (``triton_combine``).
 
 The flash kernel takes bf16 and fp16 only: float32 verifies, the CPU, and query blocks of more than
 ``SPLIT_MAX_QUERIES`` rows (prefill chunks: their block part would be large) stay on FlexAttention.
@@ -227,7 +229,8 @@ def triton_merge(folded: Tensor, keys: Tensor, values: Tensor, visible: Tensor, 
     return result
 
 
-# (BM folded rows, BN keys, warps, stages) of ``prefix_triton``'s programs by padded head dim, from one
+# (BM folded rows, BN keys, warps, stages[, BC output columns]) of ``prefix_triton``'s programs by padded
+# head dim (no BC: the whole head dim a program; ``prefix_tiles``), from one
 # H100 (experiments/prefix_tiles_bench.py, docs/results/triton_prefix_sweep_132k_h100.json): at 256 the
 # fastest tiles timed at 65 and 257 queries and within 6% of the best at 1 and 16 (8 warps took 1.5-2x
 # as long); at 128 the fastest at 16 queries, within 7% of the best at 1 and within 3% at 65 and 257.
@@ -386,7 +389,8 @@ def split_attend(query: Tensor, key: Tensor, value: Tensor, past: Tensor, rows: 
     (``PrefixKernel``: packed queries, one sequence per segment) or, where it has ``folded = True``,
     one that takes the folded queries ``[Hkv, m, d]``, the buffers ``[Hkv, L, d]`` and ``bounds`` and
     returns the segments' ``[S, Hkv, m, d]`` outputs and ``[S, Hkv, m]`` log-sum-exps
-    (``prefix_triton``)."""
+    (``prefix_triton``); where it has ``with_block = True`` it also takes the block's keys, values and
+    visibility and returns the block as segment S (``prefix_block_triton``, whose merge is ``combine``)."""
     _, q_heads, n, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = q_heads // kv_heads
