@@ -19,6 +19,9 @@
 # Kernel forms against the library's, in one call (speed.yaml's keys in FORMS; the other steps ignore it):
 #   OUT=results/off bash experiments/gpu_tables.sh 27b-8192-forms
 #   OUT=results/on FORMS="gdn_push=true split_block=true prefix_tile_256=[128,32,8,2,128]" bash experiments/gpu_tables.sh 27b-8192-forms
+# or with the forms the benches found fastest (experiments/pick_forms.py reads their JSON):
+#   OUT=results bash experiments/gpu_tables.sh gdn-push prefix-forms 27b-8192-forms
+#   FORMS="$(python3 experiments/pick_forms.py results)" OUT=results/on bash experiments/gpu_tables.sh 27b-8192-forms
 #
 # Steps:
 #   suite-fast suite-hybrid suite-long suite-mtp   tests/gpu/test_{fast_path_exact,hybrid_fast_path,long_context,mtp_graph}.py

@@ -453,3 +453,25 @@ def test_speed_sets_the_kernel_forms_it_is_given_and_refuses_bad_ones(monkeypatc
         speed._kernel_forms(OmegaConf.create({"prefix_tile_256": [128, 32, 8, 2, 96]}))
     with pytest.raises(SystemExit, match="gdn_push='yes'"):
         speed._kernel_forms(OmegaConf.create({"gdn_push": "yes"}))
+
+
+def test_pick_forms_prints_the_fastest_forms_as_speed_overrides(tmp_path):
+    """``experiments/pick_forms.py DIR``: from the benches' JSON, the prefix form with the least summed
+    time over 16/65/257 queries at the library's segment count (a faster count it does not run, a
+    form past the tolerance and one that did not build are passed over) and whether push beat split;
+    a folder without either file is a bad input (status 2)."""
+    script = ROOT / "experiments" / "pick_forms.py"
+    prefix = [{"P": 8192, "n": n, "S0": 17, "(64, 32, 4, 2)/S17": [100.0, 0.0005],
+               "(64, 32, 4, 2)/S17/fused": [90.0, 0.0005], "(64, 32, 4, 2)/S33": [10.0, 0.0005],
+               "(128, 32, 8, 2, 128)/S17": [80.0, 0.5], "(64, 64, 4, 2, 128)/S17": "OutOfResources: shared memory"}
+              for n in (16, 65, 257)]
+    gdn = {"rows": [{"n": 65, "rule/bt16/bv32/tf32/split": {"us": 26.0}, "rule/bt16/bv32/tf32/push": {"us": 30.0}},
+                    {"n": 257, "rule/bt32/bv32/tf32/split": {"us": 112.0}}]}
+    (tmp_path / "prefix-forms.json").write_text(json.dumps(prefix))
+    (tmp_path / "gdn-push.json").write_text(json.dumps(gdn))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["prefix_tile_256=[64,32,4,2]", "split_block=true", "gdn_push=false"]
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "none")], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "no prefix-forms.json or gdn-push.json" in bad.stderr
