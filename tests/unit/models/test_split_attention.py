@@ -387,3 +387,24 @@ def test_the_triton_prefix_compiles_for_ampere_and_hopper(arch, dtype, head_dim,
         raise
     assert compiled.metadata.shared <= 99 * 1024, compiled.metadata.shared
 
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 4, 2, 16), (32, 16, 4, 2, 32)], ids=["bc16", "bc32"])
+@pytest.mark.parametrize("variant", ["prefix+merge", "block-in-prefix+combine"])
+def test_the_triton_prefix_with_output_column_chunks_equals_dense_attention(interpreted, monkeypatch, tiles, variant):
+    """A fifth ``PREFIX_TILES`` entry (BC < the head dim: each program writes BC of the output's columns,
+    its scores over the whole head dim), alone and with the block in the launch: dense attention's result,
+    P = 0 (every segment empty) and P > 0, one query and a tree."""
+    monkeypatch.setattr(sa, "PREFIX_TILES", {**sa.PREFIX_TILES, 64: tiles})
+    prefix, merge = TRITON_SPLITS[variant]
+    gen = torch.Generator().manual_seed(11)
+    for past, n in ((0, 7), (100, 7), (50, 1)):
+        length = past + n + 13
+        vis = random_tree_visibility(n, gen)
+        q = torch.randn(1, 4, n, 64, generator=gen)
+        k, v = (torch.randn(1, 2, length, 64, generator=gen) for _ in range(2))
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix_and_block_mask(past, vis, length),
+                                                  enable_gqa=True)
+        got = sa.split_attend(q, k, v, torch.tensor(past), torch.arange(past, past + n), vis, segments=3,
+                              prefix=prefix, merge=merge)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
