@@ -95,6 +95,7 @@ def shape_row(q, k, v, past: int, n: int, sms: int, tiles: list | None = None, e
         fn()
         row["flex_us"] = graphed_us(fn, 20)
     best, kept = None, dict(sa.PREFIX_TILES)
+    forms = [("", sa.prefix_triton, sa.triton_merge)] + [("/fused", sa.prefix_block_triton, sa.triton_combine)] * fused
     try:
         for tile in tiles or TILES[d]:
             sa.PREFIX_TILES[d] = tile
@@ -102,30 +103,19 @@ def shape_row(q, k, v, past: int, n: int, sms: int, tiles: list | None = None, e
             for segments in sorted({s0, fill, *extra_segments}):
                 bounds = sa.SegmentBounds(p, segments, m)
                 want = want0 if segments == s0 else reference(bounds, segments)
-                fn = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=sa.prefix_triton,
-                                             merge=sa.triton_merge, bounds=bounds)
-                try:
-                    err = float((fn().float() - want).abs().max())
-                    us = graphed_us(fn, 20)
-                except Exception as exc:  # a tile the GPU cannot hold (shared memory, registers)
-                    row[f"{tile}/S{segments}"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
-                    continue
-                row[f"{tile}/S{segments}"] = [round(us, 1), round(err, 4)]
-                if err < sa.SERVES_TOLERANCE and (best is None or us < best[1]):
-                    best = (f"{tile}/S{segments}", us)
-                if not fused:
-                    continue
-                fn = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=sa.prefix_block_triton,
-                                             merge=sa.triton_combine, bounds=bounds)
-                try:
-                    err = float((fn().float() - want).abs().max())
-                    us = graphed_us(fn, 20)
-                except Exception as exc:
-                    row[f"{tile}/S{segments}/fused"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
-                    continue
-                row[f"{tile}/S{segments}/fused"] = [round(us, 1), round(err, 4)]
-                if err < sa.SERVES_TOLERANCE and (best is None or us < best[1]):
-                    best = (f"{tile}/S{segments}/fused", us)
+                for suffix, prefix, merge in forms:
+                    name = f"{tile}/S{segments}{suffix}"
+                    fn = lambda: sa.split_attend(q, k, v, p, rows, vis, segments=segments, prefix=prefix,  # noqa: E731
+                                                 merge=merge, bounds=bounds)
+                    try:
+                        err = float((fn().float() - want).abs().max())
+                        us = graphed_us(fn, 20)
+                    except Exception as exc:  # a tile the GPU cannot hold (shared memory, registers)
+                        row[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+                        continue
+                    row[name] = [round(us, 1), round(err, 4)]
+                    if err < sa.SERVES_TOLERANCE and (best is None or us < best[1]):
+                        best = (name, us)
     finally:
         sa.PREFIX_TILES.clear()
         sa.PREFIX_TILES.update(kept)

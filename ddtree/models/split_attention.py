@@ -238,23 +238,40 @@ PREFIX_TILES: dict[int, tuple[int, ...]] = {16: (64, 64, 4, 2), 32: (64, 64, 4, 
                                                       128: (64, 64, 4, 3), 256: (64, 32, 4, 2)}
 
 
-def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds,
-                  scale: float) -> tuple[Tensor, Tensor]:
+def prefix_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds, scale: float,
+                  block: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """The prefix part in one Triton launch (``split_merge_kernels.prefix_segment_kernel``): ``folded``
     ``[Hkv, m, d]`` queries over ``bounds.segments`` segments of ``key``/``value`` ``[Hkv, L, d]``
     (the cache buffers, read in place), each from row ``bounds.starts[s]`` over ``bounds.lengths[s]``
     keys (none: output 0, log-sum-exp -inf). Returns the segments' outputs ``[S, Hkv, m, d]`` in the
     queries' dtype and log-sum-exps ``[S, Hkv, m]`` (float32): ``block_and_merge``'s ``out``/``lse``.
     Half-precision dots sum in float32, probabilities cast to the values' dtype (as the flash kernel
-    does); float32 inputs in IEEE float32. A folded prefix kernel (``split_attend``)."""
+    does); float32 inputs in IEEE float32. A folded prefix kernel (``split_attend``).
+    ``block``: the block's keys and values ``[Hkv, n, d]`` and visibility ``[n, n]``, run in the same
+    launch as one more segment, the last of S + 1 (``prefix_block_triton``)."""
     kv_heads, m, d = folded.shape
-    if not (folded.stride(-1) == key.stride(-1) == value.stride(-1) == 1) or key.stride() != value.stride():
+    keys, values, visible = block or (key, value, bounds.lengths)  # without a block: unread stand-ins
+    if not (folded.stride(-1) == key.stride(-1) == value.stride(-1) == keys.stride(-1) == 1) \
+            or key.stride() != value.stride() or keys.stride() != values.stride() or not visible.is_contiguous():
         raise ValueError("prefix_triton reads the head dim with unit stride, keys and values of one layout")
-    segments = bounds.segments
+    n = 0 if block is None else keys.shape[1]
+    segments = bounds.segments + (block is not None)
     out = torch.empty(segments, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
     lse = torch.empty(segments, kv_heads, m, dtype=torch.float32, device=folded.device)
-    _launch_prefix(folded, key, value, bounds, scale, out, lse, key, value, bounds.lengths, 0)
+    block_d = padded_head_dim(d)
+    block_m, block_n, warps, stages, block_c = prefix_tiles(block_d)
+    grid = (math.ceil(m / block_m) * (block_d // block_c), kv_heads, segments)
+    _triton_kernels().prefix_segment_kernel[grid](
+        folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
+        folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
+        out.stride(2), lse.stride(0), lse.stride(1), keys, values, visible, max(n, 1), bounds.segments,
+        keys.stride(0), keys.stride(1),
+        BM=block_m, BN=block_n, BD=block_d, BC=block_c, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
+        WITH_BLOCK=block is not None, num_warps=warps, num_stages=stages)
     return out, lse
+
+
+prefix_triton.folded = True  # takes the folded queries and the buffers as they are (see split_attend)
 
 
 def prefix_tiles(block_d: int) -> tuple[int, int, int, int, int]:
@@ -264,41 +281,13 @@ def prefix_tiles(block_d: int) -> tuple[int, int, int, int, int]:
     return block_m, block_n, warps, stages, (columns[0] if columns else block_d)
 
 
-def _launch_prefix(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds, scale: float, out: Tensor,
-                   lse: Tensor, keys: Tensor, values: Tensor, visible: Tensor, n: int) -> None:
-    """``prefix_segment_kernel`` over ``bounds``' segments, and with n > 0 the block (``keys``,
-    ``values``, ``visible``) as segment ``bounds.segments`` of ``out``/``lse``."""
-    kv_heads, m, d = folded.shape
-    block_d = padded_head_dim(d)
-    block_m, block_n, warps, stages, block_c = prefix_tiles(block_d)
-    grid = (math.ceil(m / block_m) * (block_d // block_c), kv_heads, bounds.segments + (n > 0))
-    _triton_kernels().prefix_segment_kernel[grid](
-        folded, key, value, bounds.starts, bounds.lengths, out, lse, scale, m, d,
-        folded.stride(0), folded.stride(1), key.stride(0), key.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), lse.stride(0), lse.stride(1), keys, values, visible, max(n, 1), bounds.segments,
-        keys.stride(0), keys.stride(1),
-        BM=block_m, BN=block_n, BD=block_d, BC=block_c, PRECISION="ieee" if folded.dtype == torch.float32 else "tf32",
-        WITH_BLOCK=n > 0, num_warps=warps, num_stages=stages)
-
-
-prefix_triton.folded = True  # takes the folded queries and the buffers as they are (see split_attend)
-
-
 def prefix_block_triton(folded: Tensor, key: Tensor, value: Tensor, bounds: SegmentBounds, scale: float,
                         keys: Tensor, values: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]:
     """``prefix_triton`` with the block part in the same launch, as one more segment: the block's
     ``keys``/``values`` ``[Hkv, n, d]`` under ``visible`` ``[n, n]``. Returns ``[S + 1, Hkv, m, d]``
     outputs and ``[S + 1, Hkv, m]`` log-sum-exps, the last the block's, so that ``combine`` (a weighted
     sum, no attention left) finishes the split; empty segments carry -inf."""
-    kv_heads, m, d = folded.shape
-    n = keys.shape[1]
-    if not (folded.stride(-1) == key.stride(-1) == value.stride(-1) == keys.stride(-1) == 1) \
-            or key.stride() != value.stride() or keys.stride() != values.stride() or not visible.is_contiguous():
-        raise ValueError("prefix_block_triton reads the head dim with unit stride, keys and values of one layout")
-    out = torch.empty(bounds.segments + 1, kv_heads, m, d, dtype=folded.dtype, device=folded.device)
-    lse = torch.empty(bounds.segments + 1, kv_heads, m, dtype=torch.float32, device=folded.device)
-    _launch_prefix(folded, key, value, bounds, scale, out, lse, keys, values, visible, n)
-    return out, lse
+    return prefix_triton(folded, key, value, bounds, scale, block=(keys, values, visible))
 
 
 prefix_block_triton.folded = True
